@@ -1,0 +1,6 @@
+"""The policy core: pure functions of (state, amount, now, params) -> verdict.
+
+No I/O and no clock reads happen here; every store applies exactly these rules (the Lua scripts
+are checked against them by a differential test). Functions update the state object they are
+given in place (stores own their state objects) and return a verdict.
+"""

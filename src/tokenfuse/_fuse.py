@@ -1,0 +1,453 @@
+"""``Fuse``: the one facade the transport and the middleware share.
+
+It turns identities into storage-safe keys, runs each decision in the store (one round trip),
+turns verdicts into typed refusals, reports events, and fails open when the store is down.
+Sync methods are plain (``record``), async ones carry an ``a`` prefix (``arecord``); both go
+through the same verdict handling, and only the store call itself differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ._core.admission import AdmitVerdict
+from ._core.bucket import BucketPolicy, BucketVerdict
+from ._core.rates import per_minute, per_second
+from ._core.velocity import VelocityPolicy, VelocityVerdict
+from ._errors import (
+    CeilingExceeded,
+    ConfigurationError,
+    FuseTripped,
+    LoopSuspected,
+    QuotaExhausted,
+    StoreUnavailable,
+)
+from ._events import FuseEvent, Hook, Hooks, logger
+from ._health import StoreHealth
+from ._identity import Identity
+from ._stores.base import UNSET, AsyncStore, KeyStatus, SyncStore, Unset
+from ._stores.memory import MemoryStore
+
+__all__ = ["Decision", "Fuse", "Status", "default_fuse"]
+
+T = TypeVar("T")
+Who = str | Identity
+
+_DEFAULT_VELOCITY = VelocityPolicy()
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_REFUSALS: dict[str, type[FuseTripped]] = {
+    "loop_suspected": LoopSuspected,
+    "manual_ceiling": CeilingExceeded,
+    "cold_start_ceiling": CeilingExceeded,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one guarded step.
+
+    ``error`` is the ready-to-raise refusal when ``allowed`` is False. ``tripped`` means this
+    very step opened the key (the next call will be refused). ``degraded`` means the store was
+    unavailable and the fuse failed open: nothing was checked.
+    """
+
+    key: str
+    allowed: bool
+    error: FuseTripped | None = None
+    tripped: bool = False
+    rate: float = 0.0
+    limit: float | None = None
+    baseline: float | None = None
+    multiple: float | None = None
+    bucket: BucketVerdict | None = None
+    degraded: bool = False
+
+    def raise_if_refused(self) -> None:
+        if self.error is not None and not self.allowed:
+            raise self.error
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What a fuse knows about one key right now (``Fuse.status``)."""
+
+    key: str
+    rate: float
+    baseline: float | None  # None until established
+    learned_baseline: float
+    samples: int
+    established: bool
+    open_until: float | None  # store clock (epoch seconds) while the key is open
+    limit: float | None  # manual ceiling in force (live override or code)
+    bucket_level: float | None
+    bucket_capacity: float | None
+    bucket_rate: float | None
+
+
+class Fuse:
+    """Policies, a store and event hooks: everything a guarded call consults.
+
+    >>> fuse = Fuse()                                   # embedded store, default policy
+    >>> fuse.record("agent-42", 1_200).allowed
+    True
+    >>> fuse.status("agent-42").rate
+    1200.0
+
+    Args:
+        store: ``MemoryStore()`` by default; ``RedisStore.from_url(...)`` to share state.
+        name: namespace of this fuse's keys, so fuses counting different things (tokens
+            outbound, calls inbound) can share a store.
+        velocity: the velocity policy (``None`` turns the velocity check off).
+        bucket: the token bucket for ``admit`` (``None``: no bucket).
+        fail_closed: raise ``StoreUnavailable`` instead of failing open.
+        on_event: a hook or hooks called with every ``FuseEvent``.
+    """
+
+    def __init__(
+        self,
+        store: SyncStore | AsyncStore | None = None,
+        *,
+        name: str = "default",
+        velocity: VelocityPolicy | None = _DEFAULT_VELOCITY,
+        bucket: BucketPolicy | None = None,
+        fail_closed: bool = False,
+        on_event: Hook | Iterable[Hook] | None = None,
+        health: StoreHealth | None = None,
+    ) -> None:
+        if not _NAME.match(name):
+            raise ConfigurationError(f"fuse name must match {_NAME.pattern}, not {name!r}")
+        self.store = store if store is not None else MemoryStore()
+        self.name = name
+        self.velocity = velocity
+        self.bucket = bucket
+        self.fail_closed = fail_closed
+        self.hooks = Hooks(on_event)
+        self.health = health or StoreHealth()
+        self._velocity_for_reads = velocity or _DEFAULT_VELOCITY
+        # Protocol isinstance checks are slow; decide once which faces the store has.
+        self._sync_store = self.store if isinstance(self.store, SyncStore) else None
+        self._async_store = self.store if isinstance(self.store, AsyncStore) else None
+
+    def __repr__(self) -> str:
+        return f"Fuse(store={self.store!r}, name={self.name!r})"
+
+    def on_event(self, hook: Hook) -> Hook:
+        """Add an event hook; usable as a decorator."""
+        self.hooks.add(hook)
+        return hook
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    def gate(self, who: Who) -> Decision:
+        """Before a call: refuse at once if the key is open. Spends nothing."""
+        identity = Identity.of(who)
+        return self._run(identity, lambda s, k: s.gate(k), self._velocity_decision)
+
+    async def agate(self, who: Who) -> Decision:
+        identity = Identity.of(who)
+        return await self._arun(identity, lambda s, k: s.agate(k), self._velocity_decision)
+
+    def record(self, who: Who, amount: float) -> Decision:
+        """After a call: add what it spent; the verdict may open the key for the next call."""
+        identity = Identity.of(who)
+        policy = self._require_velocity()
+        if not _countable(amount):
+            return Decision(key=identity.label, allowed=True)
+        return self._run(
+            identity, lambda s, k: s.record(k, amount, policy), self._velocity_decision
+        )
+
+    async def arecord(self, who: Who, amount: float) -> Decision:
+        identity = Identity.of(who)
+        policy = self._require_velocity()
+        if not _countable(amount):
+            return Decision(key=identity.label, allowed=True)
+        return await self._arun(
+            identity, lambda s, k: s.arecord(k, amount, policy), self._velocity_decision
+        )
+
+    def admit(self, who: Who, *, cost: float = 1.0, amount: float = 1.0) -> Decision:
+        """Before an inbound call: latch, then bucket (``cost``), then velocity (``amount``).
+
+        ``amount=0`` checks the latch without recording (when the velocity is fed later by
+        ``record``, e.g. with the tokens a handler reports).
+        """
+        identity = Identity.of(who)
+        cost, amount = _admission_numbers(cost, amount)
+        velocity, bucket = self.velocity, self.bucket
+        return self._run(
+            identity,
+            lambda s, k: s.admit(k, cost=cost, amount=amount, velocity=velocity, bucket=bucket),
+            self._admit_decision,
+        )
+
+    async def aadmit(self, who: Who, *, cost: float = 1.0, amount: float = 1.0) -> Decision:
+        identity = Identity.of(who)
+        cost, amount = _admission_numbers(cost, amount)
+        velocity, bucket = self.velocity, self.bucket
+        return await self._arun(
+            identity,
+            lambda s, k: s.aadmit(k, cost=cost, amount=amount, velocity=velocity, bucket=bucket),
+            self._admit_decision,
+        )
+
+    # -- inspection and live control ------------------------------------------------------------
+
+    def status(self, who: Who) -> Status:
+        """The key's rate, baseline, latch and bucket, read without changing anything."""
+        identity = Identity.of(who)
+        status = self._sync().status(self._key(identity), self._velocity_for_reads, self.bucket)
+        return _status(identity, status)
+
+    async def astatus(self, who: Who) -> Status:
+        identity = Identity.of(who)
+        status = await self._async().astatus(
+            self._key(identity), self._velocity_for_reads, self.bucket
+        )
+        return _status(identity, status)
+
+    def reset(self, who: Who) -> None:
+        """Close the key at once, clear its window and escalation, refill its bucket."""
+        self._sync().reset(self._key(Identity.of(who)))
+
+    async def areset(self, who: Who) -> None:
+        await self._async().areset(self._key(Identity.of(who)))
+
+    def set_limit(self, who: Who, limit: float | str | None) -> None:
+        """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
+        process sharing the store: it is read with the key's state on its next decision."""
+        self._sync().configure(self._key(Identity.of(who)), limit=_limit(limit))
+
+    async def aset_limit(self, who: Who, limit: float | str | None) -> None:
+        await self._async().aconfigure(self._key(Identity.of(who)), limit=_limit(limit))
+
+    def set_bucket(
+        self,
+        who: Who,
+        *,
+        rate: float | str | None | Unset = UNSET,
+        capacity: float | None | Unset = UNSET,
+    ) -> None:
+        """Change one caller's bucket live (None restores the policy's value)."""
+        self._sync().configure(
+            self._key(Identity.of(who)), rate=_rate(rate), capacity=_capacity(capacity)
+        )
+
+    async def aset_bucket(
+        self,
+        who: Who,
+        *,
+        rate: float | str | None | Unset = UNSET,
+        capacity: float | None | Unset = UNSET,
+    ) -> None:
+        await self._async().aconfigure(
+            self._key(Identity.of(who)), rate=_rate(rate), capacity=_capacity(capacity)
+        )
+
+    # -- machinery --------------------------------------------------------------------------------
+
+    def _key(self, identity: Identity) -> str:
+        return f"{self.name}:{identity.key}"
+
+    def _require_velocity(self) -> VelocityPolicy:
+        if self.velocity is None:
+            raise ConfigurationError("this fuse has no velocity policy to record against")
+        return self.velocity
+
+    def _sync(self) -> SyncStore:
+        if self._sync_store is None:
+            raise ConfigurationError(
+                f"{self.store!r} is async-only; use the a-prefixed methods (arecord, agate, ...)"
+            )
+        return self._sync_store
+
+    def _async(self) -> AsyncStore:
+        if self._async_store is None:
+            raise ConfigurationError(
+                f"{self.store!r} is sync-only; use the plain methods (record, gate, ...)"
+            )
+        return self._async_store
+
+    def _run(
+        self,
+        identity: Identity,
+        call: Callable[[SyncStore, str], T],
+        decide: Callable[[Identity, T], Decision],
+    ) -> Decision:
+        store = self._sync()
+        if not self.health.available():
+            return self._degraded(identity, None)
+        try:
+            verdict = call(store, self._key(identity))
+        except Exception as exc:
+            return self._degraded(identity, exc)
+        self._healthy()
+        return decide(identity, verdict)
+
+    async def _arun(
+        self,
+        identity: Identity,
+        call: Callable[[AsyncStore, str], Awaitable[T]],
+        decide: Callable[[Identity, T], Decision],
+    ) -> Decision:
+        store = self._async()
+        if not self.health.available():
+            return self._degraded(identity, None)
+        try:
+            verdict = await call(store, self._key(identity))
+        except Exception as exc:
+            return self._degraded(identity, exc)
+        self._healthy()
+        return decide(identity, verdict)
+
+    def _healthy(self) -> None:
+        if self.health.succeeded():
+            self.hooks.emit(FuseEvent("store_recovered", None, "store answers again"), logging.INFO)
+
+    def _degraded(self, identity: Identity, exc: Exception | None) -> Decision:
+        """The store failed (or is being skipped): fail open, or closed if so configured."""
+        if exc is not None:
+            if not isinstance(exc, StoreUnavailable):
+                logger.error("tokenfuse store %r raised unexpectedly", self.store, exc_info=exc)
+            if self.health.failed():
+                failing = "closed" if self.fail_closed else "open"
+                detail = f"store unavailable, failing {failing}: {exc}"
+                self.hooks.emit(FuseEvent("store_unavailable", None, detail))
+        if self.fail_closed:
+            raise StoreUnavailable(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
+        return Decision(key=identity.label, allowed=True, degraded=True)
+
+    def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
+        error = None if verdict.allowed else self._velocity_error(identity, verdict)
+        if verdict.tripped and error is not None:
+            self.hooks.emit(FuseEvent("tripped", identity.label, str(error), error))
+        return Decision(
+            key=identity.label,
+            allowed=verdict.allowed,
+            error=error,
+            tripped=verdict.tripped,
+            rate=verdict.rate,
+            limit=verdict.limit,
+            baseline=verdict.baseline,
+            multiple=verdict.multiple,
+        )
+
+    def _velocity_error(self, identity: Identity, verdict: VelocityVerdict) -> FuseTripped:
+        reason = verdict.reason or "manual_ceiling"
+        return _REFUSALS.get(reason, CeilingExceeded)(
+            key=identity.label,
+            rate=verdict.rate,
+            limit=verdict.limit if verdict.limit is not None else 0.0,
+            baseline=verdict.baseline,
+            multiple=verdict.multiple,
+            retry_after=max(verdict.retry_after, 0.0),
+            unit=self._velocity_for_reads.unit,
+            reason=reason,
+        )
+
+    def _admit_decision(self, identity: Identity, verdict: AdmitVerdict) -> Decision:
+        bucket = verdict.bucket
+        if bucket is not None and bucket.near_limit:
+            detail = (
+                f"key {identity.label} has used over "
+                f"{self.bucket.near_limit_fraction if self.bucket else 0.8:.0%} of its quota "
+                f"({bucket.rate:g}/s) for more than "
+                f"{self.bucket.near_limit_after if self.bucket else 300:.0f} s"
+            )
+            self.hooks.emit(FuseEvent("near_limit", identity.label, detail))
+        if verdict.velocity is not None and not verdict.velocity.allowed:
+            decision = self._velocity_decision(identity, verdict.velocity)
+            return _with_bucket(decision, bucket)
+        if bucket is not None and not bucket.allowed:
+            error = QuotaExhausted(
+                key=identity.label,
+                rate=bucket.rate,
+                limit=bucket.capacity,
+                retry_after=bucket.retry_after,
+                unit="calls",
+            )
+            return Decision(key=identity.label, allowed=False, error=error, bucket=bucket)
+        if verdict.velocity is None:
+            return Decision(key=identity.label, allowed=True, bucket=bucket)
+        return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
+
+
+def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:
+    if bucket is None:
+        return decision
+    return Decision(
+        key=decision.key,
+        allowed=decision.allowed,
+        error=decision.error,
+        tripped=decision.tripped,
+        rate=decision.rate,
+        limit=decision.limit,
+        baseline=decision.baseline,
+        multiple=decision.multiple,
+        bucket=bucket,
+    )
+
+
+def _countable(amount: float) -> bool:
+    """Only positive finite numbers are spending; anything else records nothing."""
+    return isinstance(amount, (int, float)) and 0 < amount < float("inf")
+
+
+def _admission_numbers(cost: float, amount: float) -> tuple[float, float]:
+    if not (isinstance(cost, (int, float)) and 0 <= cost < float("inf")):
+        raise ConfigurationError(f"cost must be a finite, non-negative number, not {cost!r}")
+    return float(cost), float(amount) if _countable(amount) else 0.0
+
+
+def _limit(limit: float | str | None) -> float | None:
+    return None if limit is None else per_minute(limit, "limit")
+
+
+def _rate(rate: float | str | None | Unset) -> float | None | Unset:
+    if isinstance(rate, Unset) or rate is None:
+        return rate
+    value = per_second(rate, "rate")
+    if value <= 0:
+        raise ConfigurationError("bucket rate must be positive")
+    return value
+
+
+def _capacity(capacity: float | None | Unset) -> float | None | Unset:
+    if isinstance(capacity, (int, float)) and not 0 < capacity < float("inf"):
+        raise ConfigurationError("bucket capacity must be a positive number")
+    return capacity
+
+
+def _status(identity: Identity, status: KeyStatus) -> Status:
+    view = status.velocity
+    return Status(
+        key=identity.label,
+        rate=view.rate if view else 0.0,
+        baseline=view.baseline if view else None,
+        learned_baseline=view.learned_baseline if view else 0.0,
+        samples=view.samples if view else 0,
+        established=view.established if view else False,
+        open_until=view.open_until if view else None,
+        limit=view.limit if view else None,
+        bucket_level=status.bucket_level,
+        bucket_capacity=status.bucket_capacity,
+        bucket_rate=status.bucket_rate,
+    )
+
+
+_default: Fuse | None = None
+_default_lock = threading.Lock()
+
+
+def default_fuse() -> Fuse:
+    """The process-wide fuse that argument-less transports use (embedded store)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Fuse()
+        return _default

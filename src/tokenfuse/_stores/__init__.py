@@ -1,0 +1,1 @@
+"""Stores keep per-key state and run each decision atomically (see ``base.Store``)."""
