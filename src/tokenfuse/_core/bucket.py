@@ -35,6 +35,10 @@ __all__ = [
 
 _MINUTE = 60.0
 
+# Timestamps near 1.7e9 carry ~2e-7 s of float resolution, so a caller that waits exactly
+# ``retry_after`` may find a millionth of a token missing; forgive that much.
+_EPSILON = 1e-6
+
 #: ``tokens`` value of a bucket that is full whatever its capacity (after reset or a live change).
 FULL = -1.0
 
@@ -153,7 +157,7 @@ def consume(state: BucketState, cost: float, now: float, params: BucketPolicy) -
     capacity, rate = limits_of(state, params)
     tokens = level(state, now, capacity, rate)
     state.updated = max(now, state.updated)
-    if tokens < cost:
+    if tokens < cost - _EPSILON:
         state.tokens = tokens
         return BucketVerdict(
             allowed=False,
@@ -162,7 +166,7 @@ def consume(state: BucketState, cost: float, now: float, params: BucketPolicy) -
             rate=rate,
             retry_after=(cost - tokens) / rate,
         )
-    state.tokens = tokens - cost
+    state.tokens = max(tokens - cost, 0.0)
     near_limit = _track_use(state, cost, now, rate, params)
     return BucketVerdict(
         allowed=True,

@@ -188,20 +188,14 @@ def _advance(state: VelocityState, now: float) -> int:
 
 
 def _window(state: VelocityState, now: float) -> tuple[float, float]:
-    """(amount in the last 60 s, largest single amount among the slots that count)."""
-    head = state.head
-    elapsed = min(max((now - head * SLOT_SECONDS) / SLOT_SECONDS, 0.0), 1.0)
-    total = 0.0
-    largest = 0.0
-    for back in range(SLOTS - 1):
-        index = (head - back) % SLOTS
-        total += state.amounts[index]
-        largest = max(largest, state.largest[index])
-    oldest = (head - SLOTS + 1) % SLOTS
-    if elapsed < 1.0:
-        total += state.amounts[oldest] * (1.0 - elapsed)
-        largest = max(largest, state.largest[oldest])
-    return total, largest
+    """(amount in the last 60 s, largest single amount among the slots that count).
+
+    Every slot in the ring lies inside the window (``_advance`` zeroed the rest); the oldest
+    counts only for the part of it the window still covers.
+    """
+    oldest = (state.head + 1) % SLOTS
+    elapsed = min(max((now - state.head * SLOT_SECONDS) / SLOT_SECONDS, 0.0), 1.0)
+    return sum(state.amounts) - state.amounts[oldest] * elapsed, max(state.largest)
 
 
 def _learn(state: VelocityState, amount: float, at: float, params: VelocityPolicy) -> None:
