@@ -1,0 +1,46 @@
+"""Token usage extraction from LLM responses: pure, incremental, no I/O.
+
+The transport asks the registry for a reader once the response headers are known, feeds it
+every raw body chunk as it passes (still compressed: the reader decodes its own copy), and asks
+for the result when the body ends or is closed::
+
+    reader = default_registry.reader_for(
+        method=request.method, url=str(request.url), status_code=response.status_code,
+        request_headers=request.headers, response_headers=response.headers, estimate=False)
+    if reader is not None:          # None: not an LLM call worth counting
+        for chunk in raw_chunks:
+            reader.feed(chunk)      # never raises, never delays the chunk
+        usage = reader.finish(complete=reached_end_of_body)   # never raises
+
+`Usage.total` is None when unknown (with `problem` saying why), never silently 0; a 0 comes
+only with `counts_nothing=True` (count-tokens endpoints, GET retrievals, error responses).
+
+Custom providers: an extractor is any object with ``reader_for(info) -> UsageReader | None``
+(see `Extractor`); registered extractors are consulted before the built-ins. When the usage
+fits a table of field paths, `ShapeExtractor` does the rest (JSON, SSE, NDJSON, eventstream,
+compression, streams, estimates)::
+
+    from tokenfuse._usage import ShapeExtractor, UsageShape, default_registry
+
+    default_registry.register(ShapeExtractor(
+        UsageShape(containers=(("meta", "tokens"),), input=("in",), output=("out",)),
+        provider="acme", host="llm.acme.internal"))
+    # {"meta": {"tokens": {"in": 12, "out": 30}}} from llm.acme.internal now counts 42.
+
+For anything else, implement `UsageReader` (``feed(chunk)``, ``finish(*, complete)``) yourself;
+exceptions from custom extractors and readers are contained (the response reads as unknown).
+"""
+
+from .model import ResponseInfo, Usage, UsageReader, UsageShape
+from .registry import Extractor, ExtractorRegistry, ShapeExtractor, default_registry
+
+__all__ = [
+    "Extractor",
+    "ExtractorRegistry",
+    "ResponseInfo",
+    "ShapeExtractor",
+    "Usage",
+    "UsageReader",
+    "UsageShape",
+    "default_registry",
+]

@@ -1,0 +1,220 @@
+"""The state of one response's usage while its payloads go by, and the final `Usage`.
+
+Framers (JSON body, SSE, NDJSON, eventstream) cut the bytes into payloads and hand them here;
+everything provider-specific comes from the `UsageShape` table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from .model import Usage, UsageShape, as_count
+from .scan import scanner_for
+
+# The opt-in estimate: about 4 characters of English text per token (OpenAI's rule of thumb).
+# It covers generated text only (the request body is not visible here), so it is a lower bound.
+CHARS_PER_TOKEN = 4
+
+CLOSED_EARLY = "stream closed before usage"
+NO_USAGE_BODY = "no usage in response body"
+ERRORED = "error reported in stream"
+
+
+class Accumulator:
+    """Collects counts per field, last value wins, plus how the stream ended."""
+
+    __slots__ = (
+        "_end_events",
+        "_end_keys",
+        "_fields",
+        "_markers",
+        "_pending",
+        "_scanner",
+        "_shape",
+        "chars",
+        "counts",
+        "cut",
+        "end_seen",
+        "errored",
+        "estimate",
+        "http_error",
+        "invalid",
+        "problem",
+        "provider",
+        "streaming",
+    )
+
+    def __init__(
+        self,
+        shape: UsageShape,
+        provider: str,
+        *,
+        estimate: bool = False,
+        http_error: bool = False,
+        streaming: bool = True,
+    ) -> None:
+        self._shape = shape
+        self._fields = shape.fields
+        self._end_events = shape.end_events
+        self._end_keys = shape.end_keys
+        self._markers = (b"error", *shape.end_events, *shape.end_keys)
+        self._scanner = scanner_for(shape)
+        self.provider = provider
+        self.estimate = estimate and shape.count_text is not None
+        self.http_error = http_error
+        self.streaming = streaming
+        self.counts: dict[str, float] = {}
+        self.chars = 0
+        self.end_seen = False  # a provider's end marker arrived: what we have is final
+        self.errored = False  # the stream reported an error in-band
+        self.cut = False  # we stopped reading (decode failure, size bound)
+        self.invalid = False  # a usage field held something that is not a count
+        self.problem: str | None = None
+        self._pending = b""  # the latest usage payload of a whole-objects shape, not yet read
+
+    def note(self, problem: str) -> None:
+        """Remember the first problem; later ones are usually consequences of it."""
+        if self.problem is None:
+            self.problem = problem
+
+    def stop(self, problem: str) -> None:
+        self.cut = True
+        self.note(problem)
+
+    def worth_reading(self, region: bytes) -> bool:
+        """Whether a run of complete stream records may matter at all: the hot-path test.
+
+        Most stream events carry text only; a few C-level searches over the whole run let the
+        framer skip them without looking at a single line. `[DONE]` can only end a stream.
+        """
+        if self.estimate or region.rstrip().endswith(b"[DONE]"):
+            return True
+        for marker in self._markers:
+            if region.find(marker) >= 0:  # find, not `in`: bytes.__contains__ tries int first
+                return True
+        return self._scanner.has_value(region)
+
+    def event(self, name: bytes, data: bytes) -> None:
+        """One SSE event or eventstream message."""
+        if name == b"error":
+            self.errored = True
+        elif name in self._end_events:
+            self.end_seen = True
+        self.payload(data)
+
+    def payload(self, data: bytes) -> None:
+        """One JSON document from a stream (an SSE data field, an NDJSON line, ...)."""
+        if data == b"[DONE]":
+            self.end_seen = True
+            return
+        if data.lstrip().startswith(b'{"error"'):
+            self.errored = True
+        for key in self._end_keys:
+            if data.find(key) >= 0:
+                self.end_seen = True
+        if self.estimate:
+            self._parse_all(data)
+        elif not self._scanner.has_value(data):
+            return
+        elif self._shape.whole_objects:
+            self._pending = data  # superseded by any later one: parsed only if it stays last
+        else:
+            self._take_payload(data)
+
+    def _take_payload(self, data: bytes) -> None:
+        if not self.take_last(data) and not self.invalid:
+            self.note("malformed JSON in stream")
+
+    def _parse_all(self, data: bytes) -> None:
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError):  # RecursionError: absurdly nested input
+            self.note("malformed JSON in stream")
+            return
+        self.observe(parsed)
+
+    def take_last(self, data: bytes) -> bool:
+        """Take the last usage object in raw JSON `data` that holds a count."""
+        return any(self.take(node) for node in self._scanner.objects(data))
+
+    def observe(self, parsed: object) -> None:
+        """A parsed document, or a JSON array of them (Gemini's stream without alt=sse)."""
+        for item in parsed if isinstance(parsed, list) else (parsed,):
+            if isinstance(item, dict):
+                self._observe(item)
+
+    def _observe(self, doc: dict[str, object]) -> None:
+        for path in self._shape.containers:
+            node: object = doc
+            for key in path:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and self.take(node):
+                break
+        count_text = self._shape.count_text
+        if self.estimate and count_text is not None:
+            self.chars += count_text(doc)
+
+    def take(self, node: dict[str, object]) -> bool:
+        """Read the count fields of one usage object; True if any was a valid count."""
+        found = False
+        for field in self._fields:
+            value = node.get(field)
+            if value is None:
+                continue  # absent or null (Anthropic deltas send null cache fields)
+            count = as_count(value)
+            if count is None:
+                self.invalid = True
+            else:
+                self.counts[field] = count
+                found = True
+        return found
+
+    def result(self, *, complete: bool) -> Usage:
+        if self._pending:
+            self._take_payload(self._pending)
+            self._pending = b""
+        partial = self.errored or self.cut or not (complete or self.end_seen)
+        if self.counts:
+            return self._combine(partial)
+        if self.http_error:
+            return Usage.nothing(self.provider)  # an error status without usage spent nothing
+        if self.estimate and self.chars:
+            tokens = float(math.ceil(self.chars / CHARS_PER_TOKEN))
+            return Usage(
+                total=tokens,
+                output=tokens,
+                provider=self.provider,
+                partial=partial,
+                estimated=True,
+                problem="no usage reported; estimated from streamed text",
+            )
+        if self.invalid:
+            self.note("invalid usage numbers ignored")
+        if self.errored:
+            self.note(ERRORED)  # the error may have come after text was generated: unknown
+        if partial:
+            self.note(CLOSED_EARLY)
+        self.note(self._shape.missing_hint if self.streaming else NO_USAGE_BODY)
+        return Usage.unknown(self.provider, self.problem or "", partial=partial)
+
+    def _sum(self, fields: tuple[str, ...]) -> float | None:
+        values = [self.counts[f] for f in fields if f in self.counts]
+        return sum(values) if values else None
+
+    def _combine(self, partial: bool) -> Usage:
+        counts, shape = self.counts, self._shape
+        total = next((counts[f] for f in shape.total if f in counts), None)
+        input_, output = self._sum(shape.input), self._sum(shape.output)
+        problem = None
+        if total is None:
+            if shape.input and input_ is None:
+                partial, problem = True, "input tokens not reported"
+            elif shape.output and output is None:
+                partial, problem = True, "output tokens not reported"
+            total = (input_ or 0.0) + (output or 0.0)
+        if partial and problem is None:
+            if self.errored:
+                self.note(ERRORED)
+            problem = self.problem or "stream closed before final usage"
+        return Usage(total, input_, output, self.provider, partial=partial, problem=problem)

@@ -1,0 +1,55 @@
+"""Whole JSON bodies: parsed when they fit a bound, tail-scanned when they do not.
+
+Bodies up to `MAX_BODY` are buffered and parsed with json.loads. A bigger body (embeddings with
+base64 vectors run to many MB) keeps only a bounded tail window: providers put usage after the
+content (OpenAI, Anthropic, Gemini, Bedrock, Ollama all serialise it last), so the last usage
+object is in the tail, where `scan.UsageScanner` finds it (the last usage key followed by a
+colon, its value decoded alone with `raw_decode`). The same scan salvages the last complete
+running total from a truncated body, such as Gemini's JSON-array stream
+(`:streamGenerateContent` without `alt=sse`) closed early.
+"""
+
+from __future__ import annotations
+
+from json import loads
+
+from .accumulator import Accumulator
+
+MAX_BODY = 2 * 1024 * 1024
+TAIL = 64 * 1024
+
+
+class JsonBodyFramer:
+    """Buffers one JSON body (bounded) and reads its usage at the end."""
+
+    __slots__ = ("_buf", "_overflowed", "_sink")
+
+    def __init__(self, sink: Accumulator) -> None:
+        self._sink = sink
+        self._buf = bytearray()
+        self._overflowed = False
+
+    def feed(self, chunk: bytes) -> None:
+        self._buf += chunk
+        if len(self._buf) > MAX_BODY:
+            self._overflowed = True
+            del self._buf[:-TAIL]
+
+    def close(self, complete: bool) -> None:
+        sink = self._sink
+        if not self._buf:
+            sink.note("empty body")
+            return
+        if not self._overflowed:
+            try:
+                parsed = loads(self._buf)
+            except (ValueError, RecursionError):
+                if complete:
+                    sink.note("malformed JSON")
+                    return
+            else:
+                sink.observe(parsed)
+                sink.end_seen = True  # the whole body is here, however the stream was closed
+                return
+        if not sink.take_last(bytes(self._buf)):
+            sink.note("no usage found in the tail of a large or truncated body")

@@ -1,0 +1,114 @@
+"""Incremental record framing shared by SSE and NDJSON, and the NDJSON framer.
+
+Lines end with CR, LF or CRLF, and only those: `str.splitlines` would also split on U+2028,
+U+0085 and friends, which may legally sit inside JSON strings. A CRLF may be cut between two
+chunks (CR at the end of one, LF at the start of the next); that is one line ending, not two.
+Line endings are normalised to LF, then the stream is cut at a separator: LF for NDJSON lines,
+an empty line (LF LF) for SSE events.
+"""
+
+from __future__ import annotations
+
+from .accumulator import Accumulator
+
+MAX_RECORD = 1024 * 1024  # a longer event or line is dropped: no usage payload comes near this
+
+
+class RecordFramer:
+    """Hands each run of complete records to `_records` as chunks arrive; bounded memory.
+
+    Records are not split one by one here, so that a subclass can skip a whole run that holds
+    nothing of interest: on the hot path a chunk costs a few C-level bytes operations.
+    """
+
+    __slots__ = ("_buf", "_dropping", "_sink", "_skip_lf")
+
+    SEPARATOR = b"\n"
+
+    def __init__(self, sink: Accumulator) -> None:
+        self._sink = sink
+        self._buf = bytearray()  # the unfinished last record
+        self._skip_lf = False  # the previous chunk ended with CR: a leading LF completes a CRLF
+        self._dropping = False  # the unfinished record outgrew the bound: discard up to its end
+
+    def _records(self, region: bytes) -> None:
+        raise NotImplementedError
+
+    def _overflow(self) -> None:
+        raise NotImplementedError
+
+    def feed(self, chunk: bytes) -> None:
+        if self._skip_lf or chunk.find(b"\r") >= 0:  # find is cheaper than `in` on bytes
+            chunk = self._normalise(chunk)
+        sep = self.SEPARATOR
+        end = chunk.rfind(sep)
+        if end > 0 and not self._buf and not self._dropping:
+            # The common case: nothing buffered, and the chunk ends one or more records.
+            self._records(chunk[:end])
+            if end + len(sep) < len(chunk):
+                self._buf += chunk[end + len(sep) :]
+                self._bound()
+            return
+        buf = self._buf
+        width = len(sep) - 1  # bytes of a separator that may straddle the buffer and the chunk
+        if end < 0 and not (width and buf and sep in buf[-width:] + chunk[:width]):
+            buf += chunk
+            self._bound()
+            return
+        # Each buffered byte is copied here once, when its record completes: linear overall.
+        data = bytes(buf) + chunk
+        end = data.rfind(sep)
+        buf.clear()
+        buf += data[end + len(sep) :]
+        region = data[:end]
+        if self._dropping:
+            self._dropping = False
+            first = region.find(sep)  # the end of the dropped record
+            region = region[first + len(sep) :] if first >= 0 else b""
+        if region:
+            self._records(region)
+        self._bound()
+
+    def close(self, complete: bool) -> None:
+        # A stream that ended normally may omit the final separator; after an early close the
+        # unfinished record is probably cut short, so it is not read (nor called malformed).
+        if complete and self._buf and not self._dropping:
+            self._records(bytes(self._buf))
+        self._buf.clear()
+
+    def _normalise(self, chunk: bytes) -> bytes:
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._skip_lf = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        return chunk
+
+    def _bound(self) -> None:
+        buf = self._buf
+        if len(buf) > MAX_RECORD:
+            del buf[: len(buf) - len(self.SEPARATOR) + 1]  # keep what may start a separator
+            if not self._dropping:
+                self._dropping = True
+                self._overflow()
+
+
+class NdjsonFramer(RecordFramer):
+    """Newline-delimited JSON (Ollama's native streams): every line is one payload."""
+
+    __slots__ = ()
+
+    def _records(self, region: bytes) -> None:
+        if not self._sink.worth_reading(region):
+            return
+        for line in region.split(b"\n"):
+            line = line.strip()
+            if len(line) > MAX_RECORD:
+                self._overflow()
+            elif line:
+                self._sink.payload(line)
+
+    def _overflow(self) -> None:
+        self._sink.note("NDJSON line over 1 MiB dropped")

@@ -1,0 +1,200 @@
+"""The built-in providers: one `UsageShape` row each, and the endpoints that route to them.
+
+Field names and totals follow /work/shared/reference/usage-formats.md and the SDK types:
+`*_details` objects are subsets of their parents and never added.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from .model import ResponseInfo, Usage, UsageReader, UsageShape, header_count
+from .readers import FixedReader, endpoint_reader
+
+
+def _text_len(value: object) -> int:
+    return len(value) if isinstance(value, str) else 0
+
+
+def openai_text_chars(doc: Mapping[str, object]) -> int:
+    """Generated characters in one OpenAI-style chunk (chat, legacy completions, Responses)."""
+    choices = doc.get("choices")
+    if not isinstance(choices, list):
+        kind = doc.get("type")
+        is_delta = isinstance(kind, str) and kind.endswith(".delta")  # Responses API events
+        return _text_len(doc.get("delta")) if is_delta else 0
+    chars = 0
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        chars += _text_len(choice.get("text"))
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            continue
+        for key in ("content", "reasoning_content", "reasoning", "refusal"):
+            chars += _text_len(delta.get(key))
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                chars += _text_len(function.get("arguments"))
+    return chars
+
+
+_OPENAI_INPUT = ("prompt_tokens", "input_tokens")  # chat/completions/embeddings vs Responses
+_OPENAI_OUTPUT = ("completion_tokens", "output_tokens")
+_ANTHROPIC_INPUT = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+_RESPONSES_END = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
+
+OPENAI = UsageShape(
+    # Groq reports stream usage under x_groq (top-level usage only with include_usage).
+    containers=(("usage",), ("x_groq", "usage")),
+    input=_OPENAI_INPUT,
+    output=_OPENAI_OUTPUT,
+    total=("total_tokens",),
+    missing_hint="no usage in stream (stream_options.include_usage not set?)",
+    count_text=openai_text_chars,
+)
+OPENAI_RESPONSES = replace(
+    OPENAI,
+    containers=(("usage",), ("response", "usage")),
+    end_events=_RESPONSES_END,
+    missing_hint="no usage in stream",
+)
+ANTHROPIC = UsageShape(
+    containers=(("usage",), ("message", "usage")),  # message_delta / body, message_start
+    input=_ANTHROPIC_INPUT,
+    output=("output_tokens",),
+    end_events=frozenset({b"message_stop"}),
+    whole_objects=False,
+)
+GEMINI = UsageShape(
+    containers=(("usageMetadata",),),
+    input=("promptTokenCount", "toolUsePromptTokenCount"),
+    output=("candidatesTokenCount", "thoughtsTokenCount"),
+    total=("totalTokenCount",),  # prompt + candidates would miss thinking tokens
+    end_keys=(b'"finishReason"',),
+)
+BEDROCK = UsageShape(
+    containers=(("usage",),),
+    input=("inputTokens", "cacheReadInputTokens", "cacheWriteInputTokens"),
+    output=("outputTokens",),
+    total=("totalTokens",),
+    end_events=frozenset({b"metadata"}),
+)
+BEDROCK_INVOKE_STREAM = UsageShape(
+    containers=(("amazon-bedrock-invocationMetrics",),),
+    input=("inputTokenCount",),
+    output=("outputTokenCount",),
+    end_keys=(b"amazon-bedrock-invocationMetrics",),
+)
+COHERE = UsageShape(
+    containers=(("usage", "tokens"), ("delta", "usage", "tokens")),  # body, message-end event
+    input=("input_tokens",),
+    output=("output_tokens",),
+    end_events=frozenset({b"message-end"}),
+)
+OLLAMA = UsageShape(
+    containers=((),),  # counts sit on the final `"done": true` object itself
+    input=("prompt_eval_count",),
+    output=("eval_count",),
+    end_keys=(b'"done":true', b'"done": true'),
+)
+OLLAMA_EMBED = UsageShape(containers=((),), input=("prompt_eval_count",), output=())
+GENERIC = UsageShape(
+    containers=(("usage",), ("response", "usage"), ("message", "usage")),
+    input=(*_OPENAI_INPUT, *_ANTHROPIC_INPUT[1:]),
+    output=_OPENAI_OUTPUT,
+    total=("total_tokens",),
+    end_events=_RESPONSES_END | ANTHROPIC.end_events,
+    whole_objects=False,
+    missing_hint=OPENAI.missing_hint,
+    count_text=openai_text_chars,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """An endpoint, recognised by a regex searched in the URL path."""
+
+    pattern: re.Pattern[str]
+    shape: UsageShape | None  # None: the endpoint counts nothing by design
+    provider: str | None = None  # None: named after the host (OpenAI-compatible servers)
+    header_counts: bool = False  # Bedrock InvokeModel reports usage in response headers
+
+
+def _route(
+    pattern: str, shape: UsageShape | None, provider: str | None = None, **kw: bool
+) -> Route:
+    return Route(re.compile(pattern), shape, provider, **kw)
+
+
+ROUTES = (
+    _route(r"/responses/input_tokens$", None),
+    _route(r"/v1/messages/count_tokens$", None, "anthropic"),
+    _route(r":countTokens$", None, "gemini"),
+    _route(r"/model/[^/]+/count-tokens$", None, "bedrock"),
+    _route(r"/count-tokens:rawPredict$", None, "anthropic"),  # Claude on Vertex AI
+    _route(r"/model/[^/]+/invoke-with-response-stream$", BEDROCK_INVOKE_STREAM, "bedrock"),
+    _route(r"/model/[^/]+/invoke$", GENERIC, "bedrock", header_counts=True),
+    _route(r"/model/[^/]+/converse(-stream)?$", BEDROCK, "bedrock"),
+    _route(r":(stream)?[gG]enerateContent$", GEMINI, "gemini"),
+    _route(r"/publishers/anthropic/models/[^/]+:(stream)?[rR]awPredict$", ANTHROPIC, "anthropic"),
+    _route(r"/v1/messages$", ANTHROPIC, "anthropic"),
+    _route(r"/v2/chat$", COHERE, "cohere"),
+    _route(r"/api/embed$", OLLAMA_EMBED, "ollama"),
+    _route(r"/api/(chat|generate)$", OLLAMA, "ollama"),
+    _route(r"/responses$", OPENAI_RESPONSES),
+    _route(r"/(chat/completions|completions|embeddings)$", OPENAI),
+)
+
+# Host (or parent domain) -> provider label, for OpenAI-compatible endpoints and unknown paths.
+HOSTS = {
+    "api.openai.com": "openai",
+    "openai.azure.com": "azure",
+    "cognitiveservices.azure.com": "azure",
+    "services.ai.azure.com": "azure",
+    "api.groq.com": "groq",
+    "api.mistral.ai": "mistral",
+    "openrouter.ai": "openrouter",
+    "api.anthropic.com": "anthropic",
+    "api.cohere.com": "cohere",
+    "api.cohere.ai": "cohere",
+    "generativelanguage.googleapis.com": "gemini",
+}
+
+
+def host_provider(info: ResponseInfo, default: str) -> str:
+    host = info.host
+    while host:
+        if host in HOSTS:
+            return HOSTS[host]
+        host = host.partition(".")[2]
+    if info.path.startswith("/openai/deployments/"):
+        return "azure"  # Azure OpenAI behind a custom domain or gateway
+    return default
+
+
+def _header_usage(headers: Mapping[str, str]) -> Usage | None:
+    input_ = header_count(headers.get("x-amzn-bedrock-input-token-count"))
+    output = header_count(headers.get("x-amzn-bedrock-output-token-count"))
+    if input_ is None or output is None:
+        return None
+    return Usage(total=input_ + output, input=input_, output=output, provider="bedrock")
+
+
+def builtin_reader(info: ResponseInfo) -> UsageReader | None:
+    """The reader for a response from any built-in provider, or the generic `usage` reader."""
+    for route in ROUTES:
+        if route.pattern.search(info.path):
+            break
+    else:
+        return endpoint_reader(info, GENERIC, host_provider(info, "generic"), sniff=False)
+    provider = route.provider or host_provider(info, "openai-compatible")
+    if route.header_counts and info.ok and info.method == "POST":
+        usage = _header_usage(info.response_headers)
+        if usage is not None:
+            return FixedReader(usage)
+    return endpoint_reader(info, route.shape, provider)

@@ -1,0 +1,234 @@
+"""Readers: content-coding decoder + framer + accumulator, assembled per response.
+
+`shape_reader` is the one pipeline every built-in provider (and every `ShapeExtractor`) uses;
+providers differ only in the `UsageShape` they pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from .accumulator import Accumulator
+from .decoding import BodyDecoder, UnsupportedEncoding, make_decoder
+from .eventstream import EventStreamFramer
+from .jsonbody import JsonBodyFramer
+from .lines import NdjsonFramer
+from .model import ResponseInfo, Usage, UsageReader, UsageShape
+from .sse import SseFramer
+
+INTERNAL_ERROR = "internal error while reading usage"
+
+
+class Framer(Protocol):
+    def feed(self, chunk: bytes) -> None: ...
+
+    def close(self, complete: bool) -> None: ...
+
+
+FramerFactory = Callable[[Accumulator], Framer]
+
+_NDJSON_TYPES = frozenset(
+    {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
+)
+
+
+def _framer_for(content_type: str) -> FramerFactory | None:
+    if content_type == "text/event-stream":
+        return SseFramer
+    if content_type in _NDJSON_TYPES:
+        return NdjsonFramer
+    if content_type == "application/vnd.amazon.eventstream":
+        return EventStreamFramer
+    if content_type in ("application/json", "text/json") or content_type.endswith("+json"):
+        return JsonBodyFramer
+    return None
+
+
+class SniffFramer:
+    """For a known LLM endpoint whose content-type is missing or wrong: choose the framer from
+    the first non-blank byte (`{` or `[` is a JSON body, a field name is SSE)."""
+
+    __slots__ = ("_inner", "_sink")
+
+    def __init__(self, sink: Accumulator) -> None:
+        self._sink = sink
+        self._inner: Framer | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self._inner is not None:
+            self._inner.feed(chunk)
+            return
+        head = chunk.lstrip()
+        if not head:
+            return
+        if head[:1] in (b"{", b"["):
+            self._sink.streaming = False
+            self._inner = JsonBodyFramer(self._sink)
+        elif head[:1] in (b"d", b"e", b":", b"i", b"r"):
+            self._inner = SseFramer(self._sink)
+        else:
+            self._sink.stop("unrecognised response body")
+            self._inner = _Ignore()
+        self._inner.feed(head)
+
+    def close(self, complete: bool) -> None:
+        if self._inner is None:
+            self._sink.note("empty body")
+        else:
+            self._inner.close(complete)
+
+
+class _Ignore:
+    def feed(self, chunk: bytes) -> None:
+        pass
+
+    def close(self, complete: bool) -> None:
+        pass
+
+
+class DecodingFramer:
+    """Decodes a compressed body and hands the decoded pieces to the framer."""
+
+    __slots__ = ("_decoder", "_inner", "_sink")
+
+    def __init__(self, decoder: BodyDecoder, inner: Framer, sink: Accumulator) -> None:
+        self._decoder = decoder
+        self._inner = inner
+        self._sink = sink
+
+    def feed(self, chunk: bytes) -> None:
+        decoder = self._decoder
+        for piece in decoder.decode(chunk):
+            self._inner.feed(piece)
+        if decoder.problem is not None:
+            self._sink.stop(decoder.problem)  # the decoder yields nothing more from now on
+
+    def close(self, complete: bool) -> None:
+        self._inner.close(complete)
+
+
+class FramedReader:
+    """The standard reader. Exceptions are caught here, once, so that a bug in a framer can
+    never break the caller's response; they end reading with a problem."""
+
+    __slots__ = ("_acc", "_feed", "_framer", "_result")
+
+    def __init__(self, framer: Framer, acc: Accumulator) -> None:
+        self._framer = framer
+        self._acc = acc
+        self._feed: Callable[[bytes], None] = framer.feed  # one call per chunk on the hot path
+        self._result: Usage | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        try:
+            self._feed(chunk)
+        except Exception:
+            self._feed = _ignore
+            self._acc.stop(INTERNAL_ERROR)
+
+    def finish(self, *, complete: bool) -> Usage:
+        if self._result is None:
+            try:
+                # A body we stopped reading is as incomplete as one the client closed early.
+                self._framer.close(complete and not self._acc.cut)
+                self._result = self._acc.result(complete=complete)
+            except Exception:
+                self._result = Usage.unknown(self._acc.provider, INTERNAL_ERROR)
+        return self._result
+
+
+def _ignore(chunk: bytes) -> None:
+    pass
+
+
+class FixedReader:
+    """A reader whose answer is known before the body: headers, or nothing to count."""
+
+    __slots__ = ("_usage",)
+
+    def __init__(self, usage: Usage) -> None:
+        self._usage = usage
+
+    def feed(self, chunk: bytes) -> None:
+        pass
+
+    def finish(self, *, complete: bool) -> Usage:
+        return self._usage
+
+
+class GuardedReader:
+    """Wraps a user extractor's reader so that it keeps the never-raise contract."""
+
+    __slots__ = ("_failed", "_inner", "_provider")
+
+    def __init__(self, inner: UsageReader, provider: str = "custom") -> None:
+        self._inner = inner
+        self._provider = provider
+        self._failed = False
+
+    def feed(self, chunk: bytes) -> None:
+        if not self._failed:
+            try:
+                self._inner.feed(chunk)
+            except Exception:
+                self._failed = True
+
+    def finish(self, *, complete: bool) -> Usage:
+        if not self._failed:
+            try:
+                usage = self._inner.finish(complete=complete)
+            except Exception:
+                usage = None
+            if isinstance(usage, Usage):
+                return usage
+        return Usage.unknown(self._provider, "custom usage reader failed")
+
+
+def shape_reader(
+    info: ResponseInfo, shape: UsageShape, provider: str, *, sniff: bool = True
+) -> UsageReader | None:
+    """The reader for a response whose usage has `shape`.
+
+    None when the content-type cannot carry usage and `sniff` is off (an unknown endpoint
+    returning an image, HTML, audio...): such a response is not an LLM call worth counting.
+    """
+    factory = _framer_for(info.content_type)
+    if factory is None:
+        if not sniff:
+            return None
+        factory = SniffFramer
+    try:
+        decoder = make_decoder(info.content_encoding)
+    except UnsupportedEncoding as exc:
+        return FixedReader(
+            Usage.unknown(provider, str(exc)) if info.ok else Usage.nothing(provider)
+        )
+    acc = Accumulator(
+        shape,
+        provider,
+        estimate=info.estimate,
+        http_error=not info.ok,
+        streaming=factory is not JsonBodyFramer,
+    )
+    framer = factory(acc)
+    return FramedReader(framer if decoder is None else DecodingFramer(decoder, framer, acc), acc)
+
+
+def endpoint_reader(
+    info: ResponseInfo,
+    shape: UsageShape | None,
+    provider: str,
+    *,
+    sniff: bool = True,
+) -> UsageReader | None:
+    """`shape_reader` plus the rules shared by every endpoint: only a successful POST consumes
+    tokens (GET and friends retrieve earlier results), `shape=None` marks an endpoint that counts
+    nothing by design (count-tokens), and an error response counts nothing unless its body
+    reports usage."""
+    if shape is None or info.method != "POST":
+        return FixedReader(Usage.nothing(provider))
+    reader = shape_reader(info, shape, provider, sniff=sniff)
+    if reader is None and not info.ok:
+        return FixedReader(Usage.nothing(provider))
+    return reader
