@@ -1,0 +1,114 @@
+"""A runaway agent loop, stopped by FuseTransport in under a minute. Runs as is, offline.
+
+    python examples/runaway_agent.py
+
+A fake LLM (an httpx MockTransport answering like OpenAI's chat completions) sits behind
+``FuseTransport`` on the embedded store. A simulated clock lets the agent first work normally
+for three days, so its key learns a baseline; then a bug makes it call the model in a loop,
+re-sending a growing context, and the fuse refuses it with ``LoopSuspected``. Nothing sleeps:
+the clock is moved by hand, as a test would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import httpx
+
+from tokenfuse import Fuse, LoopSuspected, MemoryStore
+from tokenfuse._transport import FuseReport, FuseTransport
+
+API_KEY = "sk-proj-demo-agent-7f3a"
+URL = "https://api.openai.com/v1/chat/completions"
+
+
+class SimulatedClock:
+    def __init__(self) -> None:
+        self.now = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeLLM:
+    """Answers every chat completion; the usage grows with the prompt it was sent."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        prompt_tokens = len(request.content) // 4
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 150,
+            "total_tokens": prompt_tokens + 150,
+        }
+        message = {"role": "assistant", "content": "Let me try calling the tool again."}
+        return httpx.Response(
+            200,
+            json={
+                "id": f"chatcmpl-{self.calls}",
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": usage,
+            },
+        )
+
+
+def ask(client: httpx.Client, context: list[str]) -> FuseReport:
+    """One agent step: send the conversation so far; tokenfuse's report of the call."""
+    messages = [{"role": "user", "content": text} for text in context]
+    response = client.post(URL, content=json.dumps({"model": "gpt-4o-mini", "messages": messages}))
+    report: FuseReport = response.extensions["tokenfuse"]
+    return report
+
+
+def main() -> None:
+    clock = SimulatedClock()
+    llm = FakeLLM()
+    fuse = Fuse(MemoryStore(clock=clock))
+    transport = FuseTransport(httpx.MockTransport(llm), fuse=fuse)
+    client = httpx.Client(transport=transport, headers={"Authorization": f"Bearer {API_KEY}"})
+
+    # Three days of normal work: a short task every half hour, two model calls each.
+    task = ["Summarise the new support ticket. " * 40]
+    for _ in range(3 * 48):
+        ask(client, task)
+        report = ask(client, task)
+        clock.advance(30 * 60)
+    status = fuse.status(report.identity)
+    print(f"learned baseline for key {status.key}: {status.baseline:,.0f} tokens/min")
+
+    # The bug: the agent retries a failing tool forever, appending each answer to its context.
+    print("\nagent starts looping...")
+    context = list(task)
+    step = 0
+    try:
+        while True:
+            step += 1
+            usage = ask(client, context).usage
+            assert usage is not None
+            assert usage.total is not None
+            print(f"  step {step:2d}: {usage.total:6,.0f} tokens (t+{step * 3:3d} s)")
+            context.append("Tool call failed: timeout. Retrying the same call. " * 20)
+            clock.advance(3)  # each round trip of the agent takes about 3 seconds
+    except LoopSuspected as exc:  # what agent code catches, with or without an SDK
+        print(f"\nstopped after {step - 1} calls, {step * 3} s into the loop:")
+        print(f"  LoopSuspected: {exc}")
+        print(f"  rate={exc.rate:,.0f} baseline={exc.baseline:,.0f} multiple={exc.multiple:.1f}x "
+              f"retry_after={exc.retry_after:.0f} s")  # fmt: skip
+
+    sent = llm.calls
+    for _ in range(5):  # the agent keeps trying: every call is refused before it is sent
+        with contextlib.suppress(LoopSuspected):
+            ask(client, context)
+    print(f"\n5 more attempts refused; requests that reached the LLM: {llm.calls - sent}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""httpx 0.28 and httpx2 2.x: which library a request belongs to, and its classes.
+
+The two libraries share one transport interface but not one class hierarchy, and each client
+checks that a response stream is an instance of *its own* ``SyncByteStream`` or
+``AsyncByteStream``. So the transport learns the library from the request it is handed (a
+dict lookup on the request's type) and wraps streams in classes built once per library.
+Neither library is imported here until a request of it arrives: tokenfuse imports without
+either installed, and with only one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+__all__ = ["Flavor", "flavor_of"]
+
+_LIBRARIES = ("httpx", "httpx2")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Flavor:
+    """One HTTP library: the names the transport needs from it."""
+
+    name: str
+    module: ModuleType
+    sync_stream_base: type[Any]
+    async_stream_base: type[Any]
+    response_not_read: type[Exception]
+
+    def http_transport(self) -> Any:
+        """The library's own default transport (a connection pool over real sockets)."""
+        return self.module.HTTPTransport()
+
+    def async_http_transport(self) -> Any:
+        return self.module.AsyncHTTPTransport()
+
+
+_flavors: dict[type[Any], Flavor] = {}
+_by_module: dict[str, Flavor] = {}
+_lock = threading.Lock()
+
+
+def _load(module_name: str) -> Flavor:
+    flavor = _by_module.get(module_name)
+    if flavor is None:
+        module = importlib.import_module(module_name)
+        flavor = Flavor(
+            name=module_name,
+            module=module,
+            sync_stream_base=module.SyncByteStream,
+            async_stream_base=module.AsyncByteStream,
+            response_not_read=module.ResponseNotRead,
+        )
+        _by_module[module_name] = flavor
+    return flavor
+
+
+def flavor_of(request: object) -> Flavor:
+    """The library ``request`` comes from (``httpx.Request`` or ``httpx2.Request``).
+
+    Both libraries set ``__module__`` of their public classes to the package name; with
+    ``httpx2.alias_httpx()`` the two names are one module, and httpx2 is what it reports.
+    """
+    kind = type(request)
+    flavor = _flavors.get(kind)
+    if flavor is not None:
+        return flavor
+    # A subclass of Request defined elsewhere still belongs to the library of its base.
+    roots = (cls.__module__.partition(".")[0] for cls in kind.__mro__)
+    root = next((name for name in roots if name in _LIBRARIES), None)
+    if root is None:
+        raise TypeError(
+            f"FuseTransport handles httpx and httpx2 requests, not {kind.__module__}."
+            f"{kind.__qualname__}"
+        )
+    with _lock:
+        flavor = _flavors[kind] = _load(root)
+    return flavor

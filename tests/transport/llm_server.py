@@ -1,0 +1,138 @@
+"""A fake OpenAI-compatible server on real sockets: uvicorn on loopback, in a thread.
+
+It answers ``POST /v1/chat/completions`` with a JSON body or (``"stream": true``) an SSE stream
+sent with chunked transfer encoding, one event per write; compressed with gzip when the client
+accepts it (flushed per event, as real APIs do). With ``"pause": true`` it sends the first event,
+then waits until the test releases it: a transport that held chunks back would never let the
+client see that first event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import uvicorn
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+PROMPT_TOKENS = 12
+
+
+def chat_body(completion_tokens: int) -> bytes:
+    usage = {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": completion_tokens,
+        "total_tokens": PROMPT_TOKENS + completion_tokens,
+    }
+    return json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "stub",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            "usage": usage,
+        }
+    ).encode()
+
+
+def chat_events(chunks: int) -> list[bytes]:
+    """``chunks`` content events, then the usage event (``include_usage``), then [DONE]."""
+    events = []
+    for n in range(chunks):
+        delta = {"choices": [{"index": 0, "delta": {"content": f"tok{n} "}}], "usage": None}
+        events.append(b"data: " + json.dumps(delta).encode() + b"\n\n")
+    usage = {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": chunks,
+        "total_tokens": PROMPT_TOKENS + chunks,
+    }
+    events.append(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+class LLMServer:
+    """The app and its server thread. ``release`` lets a paused stream go on."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.released_in_time: list[bool] = []
+        self.requests = 0
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
+        config = uvicorn.Config(
+            self.app,
+            interface="asgi3",
+            log_level="warning",
+            lifespan="off",
+            ws="none",
+            access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> LLMServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:  # readiness, not timing: nothing is asserted on it
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the stub LLM server did not start")
+            time.sleep(0.005)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._sock.close()
+
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["type"] == "http"
+        self.requests += 1
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        options = json.loads(body or b"{}")
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        gzip_it = "gzip" in headers.get("accept-encoding", "") and options.get("gzip", True)
+        compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS) if gzip_it else None
+
+        def encode(data: bytes, last: bool = False) -> bytes:
+            if compressor is None:
+                return data
+            flush = zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH
+            return compressor.compress(data) + compressor.flush(flush)
+
+        stream = bool(options.get("stream"))
+        response_headers = [
+            (b"content-type", b"text/event-stream" if stream else b"application/json")
+        ]
+        if compressor is not None:
+            response_headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": 200, "headers": response_headers})
+        if not stream:
+            payload = chat_body(int(options.get("tokens", 30)))
+            await send({"type": "http.response.body", "body": encode(payload, last=True)})
+            return
+        events = chat_events(int(options.get("chunks", 20)))
+        for number, event in enumerate(events):
+            await send({"type": "http.response.body", "body": encode(event), "more_body": True})
+            if number == 0 and options.get("pause"):
+                released = await asyncio.to_thread(self.release.wait, 10)
+                self.released_in_time.append(released)
+        await send({"type": "http.response.body", "body": encode(b"", last=True)})

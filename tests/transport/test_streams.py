@@ -1,0 +1,202 @@
+"""Streams: chunks pass at once; early ends and closes record what was seen, marked partial."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tokenfuse import Fuse
+from tokenfuse._transport import AsyncFuseTransport, FuseReport, FuseTransport
+
+from .bodies import CASES, SSE, Case
+from .conftest import ChunkServer, split
+
+ANTHROPIC = CASES["anthropic-stream"]
+NO_USAGE = CASES["openai-chat-stream-no-usage"]
+# Up to the end of message_start: input 25 and output 1 were seen, the rest never came.
+FIRST_EVENT = ANTHROPIC.body[: ANTHROPIC.body.index(b"\n\n") + 2]
+
+
+class Scripted:
+    """An inner transport whose stream logs when each chunk is produced, and may then fail."""
+
+    def __init__(self, lib: ModuleType, chunks: list[bytes], fail_with: Exception | None = None):
+        self.lib = lib
+        self.chunks = chunks
+        self.fail_with = fail_with
+        self.log: list[str] = []
+
+    def _stream(self) -> Any:
+        script = self
+
+        class Stream(self.lib.SyncByteStream, self.lib.AsyncByteStream):  # type: ignore[misc,name-defined]
+            def __iter__(self) -> Iterator[bytes]:
+                for number, chunk in enumerate(script.chunks):
+                    script.log.append(f"sent {number}")
+                    yield chunk
+                if script.fail_with is not None:
+                    raise script.fail_with
+
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                for chunk in self:
+                    yield chunk
+
+            def close(self) -> None:
+                script.log.append("closed")
+
+            async def aclose(self) -> None:
+                self.close()
+
+        return Stream()
+
+    def handle_request(self, request: Any) -> Any:
+        return self.lib.Response(200, headers={"content-type": SSE}, stream=self._stream())
+
+    async def handle_async_request(self, request: Any) -> Any:
+        return self.handle_request(request)
+
+    def close(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_each_chunk_reaches_the_client_before_the_next_is_read(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, split(ANTHROPIC.body, "random"))
+    with (
+        lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", ANTHROPIC.url) as response,
+    ):
+        for number, _ in enumerate(response.iter_raw()):
+            inner.log.append(f"got {number}")
+    chunks = len(inner.chunks)
+    expected = [event for n in range(chunks) for event in (f"sent {n}", f"got {n}")]
+    assert inner.log == [*expected, "closed"]
+    assert response.extensions["tokenfuse"].usage.total == 40
+
+
+async def test_async_chunks_pass_one_by_one(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, split(ANTHROPIC.body, "random"))
+    async with (
+        lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", ANTHROPIC.url) as response,
+    ):
+        number = 0
+        async for _ in response.aiter_raw():
+            inner.log.append(f"got {number}")
+            number += 1
+    expected = [event for n in range(len(inner.chunks)) for event in (f"sent {n}", f"got {n}")]
+    assert inner.log == [*expected, "closed"]
+
+
+def assert_partial(report: FuseReport, fuse: Fuse, total: float = 26) -> None:
+    assert report.done
+    assert report.usage is not None
+    assert report.usage.partial
+    assert report.usage.total == total
+    assert fuse.status(report.identity).rate == total  # what was seen is recorded
+
+
+def test_a_stream_closed_early_records_what_was_seen(lib: ModuleType, fuse: Fuse) -> None:
+    server = ChunkServer(lib, ANTHROPIC, how="bytes")
+    with (
+        lib.Client(transport=FuseTransport(server.transport(), fuse=fuse)) as client,
+        client.stream("POST", ANTHROPIC.url) as response,
+    ):
+        seen = b""
+        for chunk in response.iter_raw():
+            seen += chunk
+            if seen == FIRST_EVENT:
+                break  # the application stops reading after the first event
+    report: FuseReport = response.extensions["tokenfuse"]
+    assert server.closed  # the inner stream was closed as well
+    assert_partial(report, fuse)
+
+
+async def test_async_stream_closed_early(lib: ModuleType, fuse: Fuse) -> None:
+    server = ChunkServer(lib, ANTHROPIC, how="bytes")
+    async with (
+        lib.AsyncClient(transport=AsyncFuseTransport(server.transport(), fuse=fuse)) as client,
+        client.stream("POST", ANTHROPIC.url) as response,
+    ):
+        seen = b""
+        async for chunk in response.aiter_raw():
+            seen += chunk
+            if seen == FIRST_EVENT:
+                break
+    assert server.closed
+    assert_partial(response.extensions["tokenfuse"], fuse)
+
+
+def test_a_dropped_connection_records_what_was_seen_and_raises(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, [FIRST_EVENT], fail_with=lib.ReadError("connection reset"))
+    with lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client:
+        response = client.send(client.build_request("POST", ANTHROPIC.url), stream=True)
+        with pytest.raises(lib.ReadError, match="connection reset"):
+            response.read()
+    assert_partial(response.extensions["tokenfuse"], fuse)
+
+
+async def test_async_dropped_connection(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, [FIRST_EVENT], fail_with=lib.ReadError("connection reset"))
+    async with lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client:
+        response = await client.send(client.build_request("POST", ANTHROPIC.url), stream=True)
+        with pytest.raises(lib.ReadError):
+            await response.aread()
+        await response.aclose()
+    assert_partial(response.extensions["tokenfuse"], fuse)
+
+
+def test_usage_is_settled_once_even_when_closed_after_the_end(lib: ModuleType, fuse: Fuse) -> None:
+    server = ChunkServer(lib, ANTHROPIC, how="random")
+    with lib.Client(transport=FuseTransport(server.transport(), fuse=fuse)) as client:
+        response = client.send(client.build_request("POST", ANTHROPIC.url), stream=True)
+        response.read()
+        response.close()
+        response.close()
+    report = response.extensions["tokenfuse"]
+    assert not report.usage.partial
+    assert fuse.status(report.identity).rate == 40
+
+
+def stream_twice(lib: ModuleType, transport: Any, case: Case) -> list[FuseReport]:
+    with lib.Client(transport=transport) as client:
+        return [
+            client.post(case.url, headers=case.request_headers).extensions["tokenfuse"]
+            for _ in range(2)
+        ]
+
+
+def test_a_stream_without_usage_is_unknown_never_zero_and_logged_once(
+    lib: ModuleType, fuse: Fuse, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tokenfuse._transport import meter
+
+    meter._logged.clear()
+    caplog.set_level(logging.WARNING, logger="tokenfuse")
+    transport = FuseTransport(ChunkServer(lib, NO_USAGE).transport(), fuse=fuse)
+    reports = stream_twice(lib, transport, NO_USAGE)
+    for report in reports:
+        assert report.usage.total is None
+        assert not report.usage.estimated
+        assert "include_usage" in (report.usage.problem or "")
+        assert report.record is None
+    assert fuse.status(reports[0].identity).rate == 0
+    warnings = [r for r in caplog.records if "could not count" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "include_usage" in warnings[0].getMessage()
+
+
+def test_an_estimate_is_opt_in_and_flagged(lib: ModuleType, fuse: Fuse) -> None:
+    transport = FuseTransport(ChunkServer(lib, NO_USAGE).transport(), fuse=fuse, estimate=True)
+    report = stream_twice(lib, transport, NO_USAGE)[0]
+    assert report.usage.estimated
+    assert report.usage.total is not None
+    assert report.usage.total > 0
+    assert report.record is not None
+    assert report.record.rate == report.usage.total  # the estimate is what was recorded
