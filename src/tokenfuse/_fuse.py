@@ -171,25 +171,40 @@ class Fuse:
             identity, lambda s, k: s.arecord(k, amount, policy), self._velocity_decision
         )
 
-    def admit(self, who: Who, *, cost: float = 1.0, amount: float = 1.0) -> Decision:
+    def admit(
+        self,
+        who: Who,
+        *,
+        cost: float = 1.0,
+        amount: float = 1.0,
+        bucket: BucketPolicy | None = None,
+    ) -> Decision:
         """Before an inbound call: latch, then bucket (``cost``), then velocity (``amount``).
 
         ``amount=0`` checks the latch without recording (when the velocity is fed later by
-        ``record``, e.g. with the tokens a handler reports).
+        ``record``, e.g. with the tokens a handler reports). ``bucket`` replaces the fuse's
+        bucket policy for this call (a caller's tier); a live override still wins over both.
         """
         identity = Identity.of(who)
         cost, amount = _admission_numbers(cost, amount)
-        velocity, bucket = self.velocity, self.bucket
+        velocity, bucket = self.velocity, bucket or self.bucket
         return self._run(
             identity,
             lambda s, k: s.admit(k, cost=cost, amount=amount, velocity=velocity, bucket=bucket),
             self._admit_decision,
         )
 
-    async def aadmit(self, who: Who, *, cost: float = 1.0, amount: float = 1.0) -> Decision:
+    async def aadmit(
+        self,
+        who: Who,
+        *,
+        cost: float = 1.0,
+        amount: float = 1.0,
+        bucket: BucketPolicy | None = None,
+    ) -> Decision:
         identity = Identity.of(who)
         cost, amount = _admission_numbers(cost, amount)
-        velocity, bucket = self.velocity, self.bucket
+        velocity, bucket = self.velocity, bucket or self.bucket
         return await self._arun(
             identity,
             lambda s, k: s.aadmit(k, cost=cost, amount=amount, velocity=velocity, bucket=bucket),

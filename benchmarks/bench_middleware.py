@@ -1,0 +1,215 @@
+"""Added latency per request of TokenFuse, side by side with slowapi, in one run.
+
+    python benchmarks/bench_middleware.py [--redis redis://127.0.0.1:6379/15] [--requests 2000]
+
+A trivial Starlette endpoint, bare and behind each limiter, is called in-process as an ASGI
+app (no sockets between client and app, so the figures are the middleware's own cost plus its
+store round trip). Both limiters guard every route for the caller named by its bearer token,
+with a limit no request reaches (we time the decision, not the refusal), both add their rate
+limit headers, and each uses memory or Redis storage:
+
+* TokenFuse: ``inbound_fuse(store)`` with a bucket of 10^9 (one Lua script per request on Redis).
+* slowapi: ``SlowAPIASGIMiddleware`` with ``default_limits=["1000000000/minute"]`` and
+  ``headers_enabled=True``, on the ``limits`` memory or Redis storage (fixed window, slowapi's
+  default strategy).
+
+Two reference rows time what no Redis-backed limiter can go below on this machine: a
+``redis.asyncio`` PING, and the ``RedisStore.aadmit`` call the middleware makes.
+
+Cases run interleaved in rounds so that machine noise hits them all alike. The figures that
+matter are the p50 *added* to the bare endpoint and the ratio between the limiters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from tokenfuse import BucketPolicy, Identity, MemoryStore, StoreUnavailable
+from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, inbound_fuse
+from tokenfuse._stores.redis import RedisStore
+
+App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+LIMIT = "1000000000/minute"
+BUCKET = BucketPolicy(rate=1e9, capacity=1e9)
+TOKEN = b"sk-bench-0123456789abcdef"
+
+
+async def tool(request: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+def bare() -> Starlette:
+    return Starlette(routes=[Route("/tool", tool, methods=["POST"])])
+
+
+def with_tokenfuse(store: Any) -> Starlette:
+    fuse = inbound_fuse(store, bucket=BUCKET, velocity=CALL_VELOCITY)
+    middleware = [Middleware(TokenFuse, fuse=fuse)]
+    return Starlette(routes=[Route("/tool", tool, methods=["POST"])], middleware=middleware)
+
+
+def with_slowapi(storage_uri: str) -> Starlette:
+    from slowapi import Limiter
+    from slowapi.middleware import SlowAPIASGIMiddleware
+
+    def bearer(request: Request) -> str:
+        return request.headers.get("authorization", "")
+
+    limiter = Limiter(
+        key_func=bearer,
+        default_limits=[LIMIT],
+        headers_enabled=True,
+        storage_uri=storage_uri,
+        key_prefix=f"bench-{uuid.uuid4().hex[:8]}",
+    )
+    app = Starlette(
+        routes=[Route("/tool", tool, methods=["POST"])],
+        middleware=[Middleware(SlowAPIASGIMiddleware)],
+    )
+    app.state.limiter = limiter
+    return app
+
+
+async def one_request(app: App) -> int:
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/tool",
+        "raw_path": b"/tool",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"bench"), (b"authorization", b"Bearer " + TOKEN)],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+async def sample(app: App, requests: int) -> list[float]:
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter_ns()
+        status = await one_request(app)
+        times.append((time.perf_counter_ns() - start) / 1000)
+        if status != 200:
+            raise RuntimeError(f"benchmark request answered {status}")
+    return times
+
+
+async def sample_call(call: Callable[[], Awaitable[object]], requests: int) -> list[float]:
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter_ns()
+        try:
+            await call()
+        except StoreUnavailable:  # e.g. a SCRIPT FLUSH by someone else on a shared server
+            continue
+        times.append((time.perf_counter_ns() - start) / 1000)
+    return times
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100)[q - 1]
+
+
+async def run(redis_url: str, requests: int, rounds: int) -> None:
+    prefix = f"bench-mw-{uuid.uuid4().hex[:8]}"
+    redis_store = RedisStore.from_url(redis_url, prefix=prefix)
+    cases: dict[str, Any] = {
+        "bare Starlette endpoint": bare(),
+        "TokenFuse (MemoryStore)": with_tokenfuse(MemoryStore()),
+        "TokenFuse (RedisStore)": with_tokenfuse(redis_store),
+        "slowapi (memory)": with_slowapi("memory://"),
+        "slowapi (redis)": with_slowapi(redis_url),
+    }
+    import redis
+    import redis.asyncio
+
+    ping_client = redis.asyncio.Redis.from_url(redis_url)
+    who = Identity.secret(TOKEN.decode())
+    references: dict[str, Callable[[], Awaitable[object]]] = {
+        "redis.asyncio PING": ping_client.ping,
+        "RedisStore.aadmit": lambda: redis_store.aadmit(
+            f"inbound:{who.key}", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET
+        ),
+    }
+    times: dict[str, list[float]] = {name: [] for name in [*cases, *references]}
+    for app in cases.values():  # warm up: imports, script loading, connections
+        await sample(app, 200)
+    for call in references.values():
+        await sample_call(call, 200)
+    for _ in range(rounds):
+        for name, app in cases.items():
+            times[name] += await sample(app, requests)
+        for name, call in references.items():
+            times[name] += await sample_call(call, requests)
+    await redis_store.aclose()
+    await ping_client.aclose()
+
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+    base = pct(times["bare Starlette endpoint"], 50)
+    print(f"{rounds} rounds x {requests} requests per case, microseconds per request\n")
+    print(f"{'case':28s} {'p50':>8s} {'p99':>8s} {'added p50':>10s}")
+    added: dict[str, float] = {}
+    for name, values in times.items():
+        p50 = pct(values, 50)
+        added[name] = p50 - base
+        extra = "" if name.startswith("bare") or name in references else f"{added[name]:10.1f}"
+        if name in references:
+            name = f"(ref) {name}"
+        print(f"{name:28s} {p50:8.1f} {pct(values, 99):8.1f} {extra}")
+    print()
+    for store in ("memory", "redis"):
+        ours = added["TokenFuse (MemoryStore)" if store == "memory" else "TokenFuse (RedisStore)"]
+        theirs = added[f"slowapi ({store})"]
+        print(f"{store:6s}: TokenFuse adds {ours:6.1f} us, slowapi {theirs:6.1f} us "
+              f"(TokenFuse / slowapi = {ours / theirs:.2f})")  # fmt: skip
+    redis_added = added["TokenFuse (RedisStore)"]
+    verdict = "met" if redis_added <= 300 else "MISSED"
+    print(
+        f"target p50 added <= 300 us with RedisStore on loopback: {verdict} ({redis_added:.1f} us)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    asyncio.run(run(args.redis, args.requests, args.rounds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The inbound defaults: what ``app.add_middleware(TokenFuse)`` with no arguments enforces.
+
+* **Bucket**: the ``FREE`` tier, 10 calls/s refill with a burst of 50, per caller.
+* **Velocity** (``CALL_VELOCITY``), counting calls per caller in the sliding 60 s window:
+
+  - no manual ceiling (``limit=None``; set one in code or live with ``Fuse.set_limit``);
+  - loop detection: ``spike_multiple=10`` over the caller's own baseline once that baseline is
+    established (first seen ``learning_period=1 day`` ago, ``min_samples=30`` active minutes)
+    and meaningful (``min_baseline=5`` calls/min, so the smallest spike that trips is 50
+    calls in a minute);
+  - no cold-start ceiling (``cold_start_limit=None``): until a baseline exists, the bucket is
+    the containment, so a client that paces itself by the ``RateLimit`` headers is never
+    refused by a second, hidden limit;
+  - the foundation's latch: 60 s cooldown after a trip, doubling for repeated trips within an
+    hour, capped at one hour; the baseline half-life is one day.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from .._core.bucket import FREE, BucketPolicy
+from .._core.velocity import VelocityPolicy
+from .._events import Hook
+from .._fuse import Fuse, default_fuse
+from .._stores.base import AsyncStore, SyncStore
+
+__all__ = ["CALL_VELOCITY", "default_inbound_fuse", "inbound_fuse"]
+
+CALL_VELOCITY = VelocityPolicy(
+    unit="calls",
+    limit=None,
+    spike_multiple=10.0,
+    min_baseline=5.0,
+    learning_period=86_400.0,
+    min_samples=30,
+    cold_start_limit=None,
+    half_life=86_400.0,
+)
+
+
+def inbound_fuse(
+    store: SyncStore | AsyncStore | None = None,
+    *,
+    bucket: BucketPolicy | None = FREE,
+    velocity: VelocityPolicy | None = CALL_VELOCITY,
+    name: str = "inbound",
+    fail_closed: bool = False,
+    on_event: Hook | Iterable[Hook] | None = None,
+) -> Fuse:
+    """A ``Fuse`` with the inbound defaults, for ``TokenFuse(fuse=...)``.
+
+    >>> from tokenfuse import STARTER
+    >>> fuse = inbound_fuse(bucket=STARTER)          # MemoryStore; or RedisStore.from_url(...)
+    """
+    return Fuse(
+        store,
+        name=name,
+        velocity=velocity,
+        bucket=bucket,
+        fail_closed=fail_closed,
+        on_event=on_event,
+    )
+
+
+_default: Fuse | None = None
+_lock = threading.Lock()
+
+
+def default_inbound_fuse() -> Fuse:
+    """The process-wide inbound fuse: the defaults above on the embedded store that the
+    argument-less transport uses too (its keys live under their own name, ``inbound``)."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = inbound_fuse(default_fuse().store)
+        return _default

@@ -1,0 +1,95 @@
+"""What the middleware's options see of a request, whichever protocol carried it.
+
+``identify``, ``cost``, ``tiers`` and ``exclude`` callables receive a ``RequestView``: the
+method, the path, a header lookup and the raw ASGI scope or WSGI environ. It reads lazily, so
+a request whose options need one header pays for one header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+__all__ = ["AsgiRequest", "RequestView", "WsgiRequest"]
+
+
+class RequestView:
+    """A read-only view of the request being guarded.
+
+    >>> def org(request: RequestView) -> str | None:
+    ...     return request.header("x-org-id")
+    """
+
+    __slots__ = ("method", "path", "raw")
+
+    method: str
+    """``GET``, ``POST``, ..."""
+    path: str
+    """The path as the application is mounted (``/tools/refund``), without the query."""
+    raw: MutableMapping[str, Any]
+    """The ASGI scope or the WSGI environ, for what the view does not offer."""
+
+    def __init__(self, method: str, path: str, raw: MutableMapping[str, Any]) -> None:
+        self.method = method
+        self.path = path
+        self.raw = raw
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        raise NotImplementedError
+
+    @property
+    def client(self) -> str | None:
+        """The peer address as the server saw it (a proxy's, behind one)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.method} {self.path}>"
+
+
+class AsgiRequest(RequestView):
+    __slots__ = ()
+
+    def __init__(self, scope: MutableMapping[str, Any]) -> None:
+        super().__init__(scope.get("method", "GET"), scope.get("path", "/"), scope)
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower().encode("latin-1")
+        for key, value in self.raw.get("headers", ()):
+            if key == wanted:  # ASGI servers send header names lower-cased
+                return bytes(value).decode("latin-1")
+        return None
+
+    @property
+    def client(self) -> str | None:
+        client = self.raw.get("client")
+        return str(client[0]) if client else None
+
+
+class WsgiRequest(RequestView):
+    __slots__ = ()
+
+    def __init__(self, environ: MutableMapping[str, Any]) -> None:
+        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+        super().__init__(environ.get("REQUEST_METHOD", "GET"), path or "/", environ)
+
+    def header(self, name: str) -> str | None:
+        key = name.upper().replace("-", "_")
+        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            key = "HTTP_" + key
+        value = self.raw.get(key)
+        return value if isinstance(value, str) else None
+
+    @property
+    def client(self) -> str | None:
+        value = self.raw.get("REMOTE_ADDR")
+        return value if isinstance(value, str) else None
+
+
+def mapping_of(request: object) -> Mapping[str, Any] | None:
+    """The scope or environ behind a framework request (Starlette, Flask) or a view."""
+    for attribute in ("raw", "scope", "environ"):
+        value = getattr(request, attribute, None)
+        if isinstance(value, MutableMapping):
+            return value
+    return request if isinstance(request, MutableMapping) else None
