@@ -16,8 +16,7 @@ import json
 
 import httpx
 
-from tokenfuse import Fuse, LoopSuspected, MemoryStore
-from tokenfuse._transport import FuseReport, FuseTransport
+from tokenfuse import Fuse, FuseReport, FuseTransport, LoopSuspected, MemoryStore
 
 API_KEY = "sk-proj-demo-agent-7f3a"
 URL = "https://api.openai.com/v1/chat/completions"

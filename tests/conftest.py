@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pytest
@@ -60,13 +59,12 @@ def cluster_url() -> str:
     if not CLUSTER_URL or not _answers(CLUSTER_URL):
         if os.environ.get("CI"):
             pytest.fail("no Redis Cluster at TOKENFUSE_CLUSTER_URL; .ci/run should start one")
-        pytest.skip("no Redis Cluster (run scripts/redis-cluster.sh start, set TOKENFUSE_CLUSTER_URL)")
+        pytest.skip("no Redis Cluster: run scripts/redis-cluster.sh, set TOKENFUSE_CLUSTER_URL")
     return CLUSTER_URL
 
 
 @pytest.fixture
-def free_port() -> Iterator[int]:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    yield port
+        return int(sock.getsockname()[1])

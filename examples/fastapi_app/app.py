@@ -21,8 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from tokenfuse import FREE, FuseEvent, MemoryStore, VelocityPolicy
-from tokenfuse._middleware import TokenFuse, inbound_fuse  # tokenfuse.TokenFuse once exported
+from tokenfuse import FREE, FuseEvent, MemoryStore, TokenFuse, VelocityPolicy, inbound_fuse
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 REDIS_URL = os.environ.get("TOKENFUSE_REDIS_URL")
@@ -31,7 +30,7 @@ REDIS_URL = os.environ.get("TOKENFUSE_REDIS_URL")
 def make_store() -> Any:
     if not REDIS_URL:
         return MemoryStore()
-    from tokenfuse._stores.redis import RedisStore  # tokenfuse.RedisStore once exported
+    from tokenfuse import RedisStore
 
     prefix = os.environ.get("TOKENFUSE_REDIS_PREFIX", "tokenfuse-example")
     return RedisStore.from_url(REDIS_URL, prefix=prefix)

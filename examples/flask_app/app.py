@@ -17,8 +17,7 @@ from typing import Any
 
 from flask import Flask, request
 
-from tokenfuse import FREE, FuseEvent, MemoryStore, VelocityPolicy
-from tokenfuse._middleware import TokenFuseWSGI, inbound_fuse  # tokenfuse.* once exported
+from tokenfuse import FREE, FuseEvent, MemoryStore, TokenFuseWSGI, VelocityPolicy, inbound_fuse
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 REDIS_URL = os.environ.get("TOKENFUSE_REDIS_URL")
@@ -27,7 +26,7 @@ REDIS_URL = os.environ.get("TOKENFUSE_REDIS_URL")
 def make_store() -> Any:
     if not REDIS_URL:
         return MemoryStore()
-    from tokenfuse._stores.redis import RedisStore  # tokenfuse.RedisStore once exported
+    from tokenfuse import RedisStore
 
     prefix = os.environ.get("TOKENFUSE_REDIS_PREFIX", "tokenfuse-example")
     return RedisStore.from_url(REDIS_URL, prefix=prefix)

@@ -5,13 +5,23 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import Clock
-from tokenfuse import FREE, GROWTH, STARTER, BucketPolicy, Fuse, FuseEvent, MemoryStore, QuotaExhausted
+from tokenfuse import (
+    FREE,
+    GROWTH,
+    STARTER,
+    BucketPolicy,
+    Fuse,
+    FuseEvent,
+    MemoryStore,
+    QuotaExhausted,
+)
 from tokenfuse._core import bucket as core
 
 
 def make_fuse(clock: Clock, policy: BucketPolicy, events: list[FuseEvent] | None = None) -> Fuse:
     hooks = [events.append] if events is not None else None
-    return Fuse(MemoryStore(clock=clock), name="inbound", velocity=None, bucket=policy, on_event=hooks)
+    store = MemoryStore(clock=clock)
+    return Fuse(store, name="inbound", velocity=None, bucket=policy, on_event=hooks)
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,8 @@ class FlakyStore(_Memory):
 
 def test_trip_event_reaches_hooks_and_log(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
     events: list[FuseEvent] = []
-    fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=100), on_event=events.append)
+    policy = VelocityPolicy(limit=100)
+    fuse = Fuse(MemoryStore(clock=clock), velocity=policy, on_event=events.append)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
         decision = fuse.record(Identity.secret("sk-proj-SECRETSECRET1234"), 500)
     assert decision.tripped
