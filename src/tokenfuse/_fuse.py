@@ -30,7 +30,7 @@ from ._errors import (
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
-from ._stores.base import UNSET, AsyncStore, KeyStatus, SyncStore, Unset
+from ._stores.base import UNSET, AsyncStore, KeyStatus, SyncStore, Unset, async_face, sync_face
 from ._stores.memory import MemoryStore
 
 __all__ = ["Decision", "Fuse", "Status", "default_fuse"]
@@ -47,7 +47,8 @@ _REFUSALS: dict[str, type[FuseTripped]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built on every guarded call, and frozen dataclasses pay a setattr per field.
+@dataclass(slots=True)
 class Decision:
     """The outcome of one guarded step.
 
@@ -130,8 +131,8 @@ class Fuse:
         self.health = health or StoreHealth()
         self._velocity_for_reads = velocity or _DEFAULT_VELOCITY
         # Protocol isinstance checks are slow; decide once which faces the store has.
-        self._sync_store = self.store if isinstance(self.store, SyncStore) else None
-        self._async_store = self.store if isinstance(self.store, AsyncStore) else None
+        self._sync_store = sync_face(self.store)
+        self._async_store = async_face(self.store)
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"
@@ -287,6 +288,16 @@ class Fuse:
                 f"{self.store!r} is sync-only; use the plain methods (record, gate, ...)"
             )
         return self._async_store
+
+    @property
+    def has_sync(self) -> bool:
+        """Whether the plain methods can reach the store."""
+        return self._sync_store is not None
+
+    @property
+    def has_async(self) -> bool:
+        """Whether the a-prefixed methods can reach the store."""
+        return self._async_store is not None
 
     def _run(
         self,

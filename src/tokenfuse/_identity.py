@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = ["MAX_IDENTITY_LENGTH", "Identity"]
 
@@ -57,17 +58,24 @@ class Identity:
     key: str
     label: str
 
-    @classmethod
-    def named(cls, name: str) -> Identity:
+    @staticmethod
+    def named(name: str) -> Identity:
         """An identity the application chose (``"agent-42"``, an org id): shown as is."""
-        return cls(key=_digest("name", name), label=_printable(name) or "(empty)")
+        return _named(name)
 
     @classmethod
     def secret(cls, secret: str) -> Identity:
         """An identity derived from a credential: hashed, and shown only redacted."""
         return cls(key=_digest("secret", secret), label=redact(secret))
 
-    @classmethod
-    def of(cls, who: str | Identity) -> Identity:
+    @staticmethod
+    def of(who: str | Identity) -> Identity:
         """Accept either form; a plain string is treated as an application-chosen name."""
-        return who if isinstance(who, Identity) else cls.named(who)
+        return who if isinstance(who, Identity) else _named(who)
+
+
+# The same few names come back on every call; hashing is the costly part of a MemoryStore
+# decision. Bounded, so a flood of distinct names cannot grow it.
+@lru_cache(maxsize=4096)
+def _named(name: str) -> Identity:
+    return Identity(key=_digest("name", name), label=_printable(name) or "(empty)")

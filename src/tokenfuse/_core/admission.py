@@ -16,7 +16,8 @@ from .velocity import VelocityPolicy, VelocityState, VelocityVerdict
 __all__ = ["AdmitVerdict", "admit"]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built on every guarded call, and frozen dataclasses pay a setattr per field.
+@dataclass(slots=True)
 class AdmitVerdict:
     """``velocity`` is None without a velocity policy; ``bucket`` is None without a bucket
     policy or when the latch refused first."""

@@ -100,7 +100,8 @@ class BucketState:
     rate_override: float = -1.0
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built on every guarded call, and frozen dataclasses pay a setattr per field.
+@dataclass(slots=True)
 class BucketVerdict:
     allowed: bool
     remaining: float  # tokens left after this call

@@ -162,7 +162,8 @@ class VelocityState:
     limit_override: float = -1.0  # -1: none; set live via Fuse.set_limit
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built on every guarded call, and frozen dataclasses pay a setattr per field.
+@dataclass(slots=True)
 class VelocityVerdict:
     """What one gate or record concluded. ``rate`` is the last 60 s, in ``unit``/min."""
 
@@ -195,7 +196,10 @@ def _window(state: VelocityState, now: float) -> tuple[float, float]:
     """
     oldest = (state.head + 1) % SLOTS
     elapsed = min(max((now - state.head * SLOT_SECONDS) / SLOT_SECONDS, 0.0), 1.0)
-    return sum(state.amounts) - state.amounts[oldest] * elapsed, max(state.largest)
+    total = 0.0
+    for amount in state.amounts:  # not sum(): Python 3.12 compensates, Lua adds plainly
+        total += amount
+    return total - state.amounts[oldest] * elapsed, max(state.largest)
 
 
 def _learn(state: VelocityState, amount: float, at: float, params: VelocityPolicy) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 from .._errors import ConfigurationError, StoreUnavailable
 from .._fuse import Fuse
-from .._stores.base import AsyncStore
 from .identify import Identify
 from .policy import Anonymous, Cost, Count, Exclude, Guard, Refusal, Reply, Tiers, logger
 from .report import DECISION_KEY, REPORT_KEY, TOKENS_HEADER, Report, _current, parse_amount
@@ -103,7 +102,7 @@ class TokenFuse:
             refusal=refusal,
             policy_name=policy_name,
         )
-        if not isinstance(self.guard.fuse.store, AsyncStore):
+        if not self.guard.fuse.has_async:
             raise ConfigurationError(
                 f"TokenFuse needs a store with an async face; {self.guard.fuse.store!r} is "
                 "sync-only (use RedisStore.from_url, or TokenFuseWSGI for WSGI apps)"

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError, StoreUnavailable
 from .._fuse import Fuse
-from .._stores.base import SyncStore
 from .identify import Identify
 from .policy import Anonymous, Cost, Count, Exclude, Guard, Plan, Refusal, Reply, Tiers, logger
 from .report import DECISION_KEY, REPORT_KEY, TOKENS_HEADER, Report, _current, parse_amount
@@ -120,7 +119,7 @@ class TokenFuseWSGI:
             refusal=refusal,
             policy_name=policy_name,
         )
-        if not isinstance(self.guard.fuse.store, SyncStore):
+        if not self.guard.fuse.has_sync:
             raise ConfigurationError(
                 f"TokenFuseWSGI needs a store with a sync face; {self.guard.fuse.store!r} is "
                 "async-only (use RedisStore.from_url, or TokenFuse for ASGI apps)"

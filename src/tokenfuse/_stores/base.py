@@ -6,6 +6,9 @@ Stores raise ``StoreUnavailable`` for infrastructure trouble and nothing else; f
 the ``Fuse``'s job, so every store fails the same way.
 
 ``key`` arguments are already storage-safe (``Fuse`` hashes identities and adds its name).
+
+A store that implements both faces but can serve only one (``RedisStore`` over an asyncio
+client) says so with ``has_sync`` / ``has_async``; ``Fuse`` reads them once.
 """
 
 from __future__ import annotations
@@ -17,7 +20,17 @@ from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy
 from .._core.velocity import VelocityPolicy, VelocitySnapshot, VelocityVerdict
 
-__all__ = ["UNSET", "AdmitVerdict", "AsyncStore", "KeyStatus", "Store", "SyncStore", "Unset"]
+__all__ = [
+    "UNSET",
+    "AdmitVerdict",
+    "AsyncStore",
+    "KeyStatus",
+    "Store",
+    "SyncStore",
+    "Unset",
+    "async_face",
+    "sync_face",
+]
 
 
 class Unset:
@@ -115,3 +128,17 @@ class AsyncStore(Protocol):
 
 class Store(SyncStore, AsyncStore, Protocol):
     """A store usable from both sync and async code (``MemoryStore``, ``RedisStore`` from URL)."""
+
+
+def sync_face(store: object) -> SyncStore | None:
+    """The store as a sync store, or None when it cannot serve sync calls."""
+    if isinstance(store, SyncStore) and getattr(store, "has_sync", True):
+        return store
+    return None
+
+
+def async_face(store: object) -> AsyncStore | None:
+    """The store as an async store, or None when it cannot serve async calls."""
+    if isinstance(store, AsyncStore) and getattr(store, "has_async", True):
+        return store
+    return None

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A throwaway 3-node Redis Cluster on loopback for the cluster tests.
+#
+#   scripts/redis-cluster.sh start DIR   # nodes on 127.0.0.1:7301-7303, files under DIR
+#   scripts/redis-cluster.sh stop DIR    # stops only the processes whose pidfiles are in DIR
+#
+# Then: TOKENFUSE_CLUSTER_URL=redis://127.0.0.1:7301/0 pytest -m cluster
+# No persistence; each node has its own directory (config, pidfile, log) under DIR.
+set -euo pipefail
+
+PORTS=(7301 7302 7303)
+HOST=127.0.0.1
+
+usage() {
+    echo "usage: $0 start|stop DIR" >&2
+    exit 2
+}
+
+[ $# -eq 2 ] || usage
+action=$1
+mkdir -p "$2"
+dir=$(cd "$2" && pwd)
+
+node_ok() { # port: the node answers and sees a healthy cluster
+    redis-cli -h "$HOST" -p "$1" cluster info 2>/dev/null | grep -q '^cluster_state:ok'
+}
+
+start() {
+    for port in "${PORTS[@]}"; do
+        if redis-cli -h "$HOST" -p "$port" ping >/dev/null 2>&1; then
+            echo "something already answers on $HOST:$port; not starting a cluster over it" >&2
+            exit 1
+        fi
+    done
+    for port in "${PORTS[@]}"; do
+        mkdir -p "$dir/$port"
+        rm -f "$dir/$port/nodes.conf" # a fresh cluster each time
+        redis-server --bind "$HOST" --port "$port" --dir "$dir/$port" \
+            --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+            --save "" --appendonly no \
+            --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log"
+    done
+    for port in "${PORTS[@]}"; do
+        for _ in $(seq 100); do
+            redis-cli -h "$HOST" -p "$port" ping >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+    done
+    nodes=()
+    for port in "${PORTS[@]}"; do nodes+=("$HOST:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log"
+    for _ in $(seq 200); do
+        ready=yes
+        for port in "${PORTS[@]}"; do node_ok "$port" || ready=no; done
+        if [ $ready = yes ]; then
+            echo "redis cluster ok on ${nodes[*]}"
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "redis cluster did not reach cluster_state:ok (logs in $dir)" >&2
+    exit 1
+}
+
+stop() {
+    for port in "${PORTS[@]}"; do
+        pidfile="$dir/$port/redis.pid"
+        [ -f "$pidfile" ] || continue
+        pid=$(cat "$pidfile")
+        # Only that node: a stale pidfile must not kill whatever reused the PID.
+        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "redis-server.*:$port" &&
+            kill "$pid" 2>/dev/null; then
+            for _ in $(seq 100); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
+        fi
+        rm -f "$pidfile"
+    done
+}
+
+case "$action" in
+start) start ;;
+stop) stop ;;
+*) usage ;;
+esac

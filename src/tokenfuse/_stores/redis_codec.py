@@ -1,0 +1,237 @@
+"""What ``RedisStore`` sends to its Lua scripts and how it reads their replies.
+
+Plain functions shared by the sync and the async paths, which differ only in awaiting the
+script call. Nothing here does I/O.
+
+Every number crosses exactly: ``repr`` text or packed doubles on the way in, ``%.17g`` text
+on the way out, so verdicts and state are the very doubles the pure core computes.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from .._core import bucket as _bucket
+from .._core import velocity as _velocity
+from .._core.admission import AdmitVerdict
+from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
+from .._core.velocity import REASON_CODES, SLOTS, VelocityPolicy, VelocityState, VelocityVerdict
+from .._errors import ConfigurationError
+from .base import KeyStatus, Unset
+
+__all__ = [
+    "BUCKET_LAYOUT",
+    "BUCKET_STATE",
+    "VELOCITY_LAYOUT",
+    "VELOCITY_STATE",
+    "admit_args",
+    "admit_verdict",
+    "bucket_state",
+    "configure_args",
+    "key_status",
+    "keys_of",
+    "record_args",
+    "velocity_state",
+    "velocity_verdict",
+]
+
+#: The ``state`` field of each hash (``_lib.lua``): little-endian doubles in this order; the
+#: velocity state goes on with ``amounts[0..12]`` and ``largest[0..12]`` (43 doubles in all).
+VELOCITY_LAYOUT = (
+    "first_seen", "head", "minute", "minute_amount", "pending_minute", "pending_amount",
+    "baseline", "weight", "samples", "learned_at", "open_until", "strikes", "last_trip",
+    "trip_reason", "trip_rate", "trip_limit", "trip_baseline",
+)  # fmt: skip
+BUCKET_LAYOUT = ("tokens", "updated", "use_minute", "use_amount", "hot_since", "alerted")
+VELOCITY_STATE = struct.Struct("<" + "d" * (len(VELOCITY_LAYOUT) + 2 * SLOTS))
+BUCKET_STATE = struct.Struct("<" + "d" * len(BUCKET_LAYOUT))
+_VELOCITY_POLICY = struct.Struct("<10d")
+_BUCKET_POLICY = struct.Struct("<4d")
+_V_INTS = frozenset({"head", "minute", "pending_minute", "samples", "strikes", "trip_reason"})
+_B_INTS = frozenset({"use_minute", "hot_since"})
+
+
+def keys_of(prefix: str, key: str) -> tuple[str, str]:
+    """(velocity hash, bucket hash): one ``{hash tag}``, so one cluster slot per identity."""
+    if not key:
+        # '{}' is no hash tag at all: the two keys would land in different slots.
+        raise ConfigurationError("store keys must not be empty")
+    base = f"{prefix}:{{{key}}}:"
+    return base + "v", base + "b"
+
+
+# -- arguments ----------------------------------------------------------------------------------
+# Numbers the scripts read once go as repr() text; policies go as packed doubles, encoded once
+# per policy object (policies are frozen and few) and unpacked by one C call in Lua.
+
+
+def _number(value: float) -> str:
+    return repr(float(value))
+
+
+def _none_as_minus_one(value: float | None) -> float:
+    return -1.0 if value is None else value
+
+
+@functools.lru_cache(maxsize=256)
+def _velocity_policy(policy: VelocityPolicy) -> bytes:
+    return _VELOCITY_POLICY.pack(
+        _none_as_minus_one(policy.limit),
+        policy.spike_multiple,
+        policy.min_baseline,
+        policy.learning_period,
+        policy.min_samples,
+        _none_as_minus_one(policy.cold_start_limit),
+        policy.half_life,
+        policy.cooldown,
+        policy.cooldown_max,
+        policy.escalation_window,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _bucket_policy(policy: BucketPolicy) -> bytes:
+    return _BUCKET_POLICY.pack(
+        policy.rate, policy.capacity, policy.near_limit_fraction, policy.near_limit_after
+    )
+
+
+def record_args(
+    now: str, ttl: str, amount: float, velocity: VelocityPolicy
+) -> tuple[str | bytes, ...]:
+    return (now, ttl, _number(amount), _velocity_policy(velocity))
+
+
+def admit_args(
+    now: str,
+    ttl: str,
+    cost: float,
+    amount: float,
+    velocity: VelocityPolicy | None,
+    bucket: BucketPolicy | None,
+) -> tuple[str | bytes, ...]:
+    return (
+        now,
+        ttl,
+        _number(cost),
+        _number(amount),
+        b"" if velocity is None else _velocity_policy(velocity),
+        b"" if bucket is None else _bucket_policy(bucket),
+    )
+
+
+def _override(value: float | None | Unset) -> str:
+    if isinstance(value, Unset):
+        return ""
+    return "-1.0" if value is None else _number(value)
+
+
+def configure_args(
+    now: str,
+    ttl: str,
+    limit: float | None | Unset,
+    capacity: float | None | Unset,
+    rate: float | None | Unset,
+) -> tuple[str, ...]:
+    return (now, ttl, _override(limit), _override(capacity), _override(rate))
+
+
+# -- replies ------------------------------------------------------------------------------------
+# One text reply per decision (bytes, or str with decode_responses): space-separated fields,
+# floats exact (%.17g), None as 'nan'. split() and float() accept bytes and str alike.
+
+
+def _maybe(text: bytes | str) -> float | None:
+    value = float(text)
+    return None if value != value else value
+
+
+def _velocity_verdict(fields: Sequence[Any]) -> VelocityVerdict:
+    allowed, tripped, reason, rate, limit, baseline, multiple, retry_after = fields
+    return VelocityVerdict(
+        allowed=int(allowed) == 1,
+        tripped=int(tripped) == 1,
+        reason=REASON_CODES.get(int(reason)),
+        rate=float(rate),
+        limit=_maybe(limit),
+        baseline=_maybe(baseline),
+        multiple=_maybe(multiple),
+        retry_after=float(retry_after),
+    )
+
+
+def velocity_verdict(reply: bytes | str) -> VelocityVerdict:
+    fields = reply.split()
+    if len(fields) == 1:  # '1': allowed, nothing else to say (a fresh object: verdicts mutate)
+        return VelocityVerdict(allowed=True)
+    return _velocity_verdict(fields)
+
+
+def _bucket_verdict(fields: Sequence[Any]) -> BucketVerdict:
+    allowed, remaining, capacity, rate, retry_after, near_limit = fields
+    return BucketVerdict(
+        allowed=int(allowed) == 1,
+        remaining=float(remaining),
+        capacity=float(capacity),
+        rate=float(rate),
+        retry_after=float(retry_after),
+        near_limit=int(near_limit) == 1,
+    )
+
+
+def admit_verdict(reply: bytes | str) -> AdmitVerdict:
+    fields = reply.split()
+    return AdmitVerdict(
+        allowed=int(fields[0]) == 1,
+        velocity=None if int(fields[1]) < 0 else _velocity_verdict(fields[1:9]),
+        bucket=None if int(fields[9]) < 0 else _bucket_verdict(fields[9:15]),
+    )
+
+
+# -- state ----------------------------------------------------------------------------------------
+
+
+def velocity_state(numbers: Sequence[float], limit_override: float = -1.0) -> VelocityState:
+    """The core's state object from the stored doubles (``VELOCITY_STATE`` order)."""
+    state = VelocityState(first_seen=numbers[0])
+    scalars = len(VELOCITY_LAYOUT)
+    for name, value in zip(VELOCITY_LAYOUT[1:], numbers[1:scalars], strict=True):
+        setattr(state, name, int(value) if name in _V_INTS else value)
+    state.amounts = list(numbers[scalars : scalars + SLOTS])
+    state.largest = list(numbers[scalars + SLOTS : scalars + 2 * SLOTS])
+    state.limit_override = limit_override
+    return state
+
+
+def bucket_state(
+    numbers: Sequence[float], capacity_override: float = -1.0, rate_override: float = -1.0
+) -> BucketState:
+    """The core's state object from the stored doubles (``BUCKET_STATE`` order)."""
+    state = BucketState(tokens=numbers[0], updated=numbers[1])
+    for name, value in zip(BUCKET_LAYOUT[2:], numbers[2:], strict=True):
+        setattr(state, name, int(value) if name in _B_INTS else value)
+    state.alerted = bool(state.alerted)
+    state.capacity_override = capacity_override
+    state.rate_override = rate_override
+    return state
+
+
+def key_status(
+    reply: Sequence[Any], velocity: VelocityPolicy, bucket: BucketPolicy | None
+) -> KeyStatus:
+    """``status.lua``'s raw state, viewed through the core (as ``MemoryStore.status`` does)."""
+    now = float(reply[0])
+    numbers = [float(text) for text in reply[1].split()]
+    vstate = velocity_state(numbers[:-1], numbers[-1]) if numbers else None
+    numbers = [float(text) for text in reply[2].split()]
+    bstate = bucket_state(numbers[:-2], *numbers[-2:]) if numbers else None
+    view = None if vstate is None else _velocity.snapshot(vstate, now, velocity)
+    if bucket is None:
+        return KeyStatus(view, None, None, None)
+    if bstate is None:
+        return KeyStatus(view, None, bucket.capacity, bucket.rate)
+    capacity, rate = _bucket.limits_of(bstate, bucket)
+    return KeyStatus(view, _bucket.level(bstate, now, capacity, rate), capacity, rate)

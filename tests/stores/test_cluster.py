@@ -1,0 +1,143 @@
+"""Every operation against a real 3-node Redis Cluster (``scripts/redis-cluster.sh``).
+
+Each script touches only the keys of one identity, which share a hash tag, so a decision is
+one EVALSHA on the node that owns the slot, whichever node that is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from tests.conftest import Clock
+from tests.stores.conftest import unique_prefix
+from tokenfuse import BucketPolicy, VelocityPolicy
+from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_codec import keys_of
+
+pytestmark = pytest.mark.cluster
+
+CEILING = VelocityPolicy(limit=1000, cooldown=30)
+BUCKET = BucketPolicy(rate=1, capacity=2)
+IDENTITIES = [f"default:{n:032x}" for n in range(24)]
+
+
+@pytest.fixture
+def cluster(cluster_url: str) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def prefix(cluster: RedisCluster) -> Iterator[str]:
+    name = unique_prefix()
+    yield name
+    for identity in IDENTITIES:
+        for key in keys_of(name, identity):
+            cluster.delete(key)
+
+
+def owners(cluster: RedisCluster, prefix: str) -> set[str]:
+    """The nodes that own the identities' slots."""
+    names = set()
+    for identity in IDENTITIES:
+        velocity, bucket = keys_of(prefix, identity)
+        assert key_slot(velocity.encode()) == key_slot(bucket.encode())
+        names.add(cluster.get_node_from_key(velocity).name)
+    return names
+
+
+def test_every_operation_on_every_node_sync(
+    cluster: RedisCluster, prefix: str, clock: Clock
+) -> None:
+    assert len(owners(cluster, prefix)) == 3  # the identities land on all three nodes
+    store = RedisStore(cluster, prefix=prefix, clock=clock)
+    for identity in IDENTITIES:
+        assert store.gate(identity).allowed
+        assert store.record(identity, 600, CEILING).allowed
+        assert store.record(identity, 600, CEILING).tripped
+        assert not store.gate(identity).allowed
+        store.configure(identity, limit=5000.0, capacity=3.0)
+        admitted = [
+            store.admit(identity, cost=1, amount=0, velocity=CEILING, bucket=BUCKET).allowed
+            for _ in range(4)
+        ]
+        assert admitted == [False] * 4  # the key is still open
+        store.reset(identity)
+        admitted = [
+            store.admit(identity, cost=1, amount=1, velocity=CEILING, bucket=BUCKET).allowed
+            for _ in range(4)
+        ]
+        assert admitted == [True, True, True, False]  # capacity 3, set live
+        status = store.status(identity, CEILING, BUCKET)
+        assert status.velocity is not None
+        assert (status.velocity.rate, status.velocity.limit) == (3.0, 5000.0)
+        assert (status.bucket_level, status.bucket_capacity) == (0.0, 3.0)
+
+
+async def test_every_operation_on_every_node_async(
+    cluster_url: str, cluster: RedisCluster, prefix: str, clock: Clock
+) -> None:
+    client: Any = AsyncRedisCluster.from_url(cluster_url)
+    store = RedisStore(client, prefix=prefix, clock=clock)
+    try:
+        for identity in IDENTITIES:
+            assert (await store.agate(identity)).allowed
+            assert (await store.arecord(identity, 600, CEILING)).allowed
+            assert (await store.arecord(identity, 600, CEILING)).tripped
+            await store.aconfigure(identity, capacity=1.0)
+            assert not (await store.aadmit(identity, cost=1, amount=1, velocity=CEILING,
+                                           bucket=BUCKET)).allowed  # fmt: skip
+            await store.areset(identity)
+            verdict = await store.aadmit(identity, cost=1, amount=1, velocity=CEILING,
+                                         bucket=BUCKET)  # fmt: skip
+            assert verdict.allowed
+            status = await store.astatus(identity, CEILING, BUCKET)
+            assert (status.bucket_level, status.bucket_capacity) == (0.0, 1.0)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def url_store(cluster_url: str, prefix: str) -> AsyncIterator[RedisStore]:
+    store = RedisStore.from_url(cluster_url.replace("redis://", "redis+cluster://"), prefix=prefix)
+    yield store
+    await store.aclose()
+
+
+async def test_from_url_on_the_server_clock_both_faces(
+    url_store: RedisStore, cluster: RedisCluster, prefix: str
+) -> None:
+    identity = IDENTITIES[0]
+    assert url_store.record(identity, 600, CEILING).allowed
+    trip = await url_store.arecord(identity, 600, CEILING)
+    assert trip.tripped and trip.retry_after == 30.0
+    assert 29 < url_store.gate(identity).retry_after <= 30  # the server's clock moved on
+    other = RedisStore(cluster, prefix=prefix)  # another process, another client
+    await url_store.aconfigure(IDENTITIES[1], limit=10.0)
+    assert other.record(IDENTITIES[1], 11, VelocityPolicy()).reason == "manual_ceiling"
+
+
+def test_from_url_with_cluster_true(cluster_url: str, prefix: str, clock: Clock) -> None:
+    store = RedisStore.from_url(cluster_url, cluster=True, prefix=prefix, clock=clock)
+    try:
+        for identity in IDENTITIES:
+            assert store.record(identity, 1500, CEILING).tripped
+    finally:
+        store.close()
+
+
+def test_scripts_are_reloaded_on_every_node_after_script_flush(
+    cluster: RedisCluster, prefix: str, clock: Clock
+) -> None:
+    store = RedisStore(cluster, prefix=prefix, clock=clock)
+    for identity in IDENTITIES:
+        store.record(identity, 600, CEILING)
+    cluster.script_flush()  # every primary forgets every script
+    assert all(store.record(identity, 600, CEILING).tripped for identity in IDENTITIES)

@@ -1,0 +1,134 @@
+"""A real Redis that is not there, or goes away mid-test and comes back.
+
+Each test starts its own redis-server on a free loopback port and stops only that process,
+by PID.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Clock
+from tokenfuse import Fuse, FuseEvent, StoreUnavailable, VelocityPolicy
+from tokenfuse._health import StoreHealth
+from tokenfuse._stores.redis import RedisStore
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+
+
+class OwnRedis:
+    """A redis-server this test owns: started on ``port``, stopped by its PID."""
+
+    def __init__(self, port: int, workdir: Path) -> None:
+        self.port = port
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        import redis
+
+        while time.monotonic() < deadline:  # waiting for a server to boot, not for timing
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture
+def own_redis(free_port: int, tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(free_port, tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def make_fuse(url: str, clock: Clock, events: list[FuseEvent], **kwargs: object) -> Fuse:
+    store = RedisStore.from_url(url, clock=clock)
+    health = StoreHealth(threshold=3, backoff=5.0, clock=clock)
+    return Fuse(store, velocity=VelocityPolicy(limit=100), on_event=events.append,
+                health=health, **kwargs)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_nothing_listening_fails_open_quickly(free_port: int, clock: Clock) -> None:
+    events: list[FuseEvent] = []
+    fuse = make_fuse(f"redis://127.0.0.1:{free_port}/0", clock, events)
+    start = time.monotonic()
+    decisions = [fuse.record("k", 500) for _ in range(50)]
+    elapsed = time.monotonic() - start
+    assert all(d.allowed and d.degraded for d in decisions)
+    assert [e.kind for e in events] == ["store_unavailable"]
+    # Three connection attempts, then the store is skipped: 50 calls cannot each pay a timeout.
+    assert elapsed < 3 * 0.5 + 1.0
+
+
+def test_nothing_listening_fails_closed_when_asked(free_port: int, clock: Clock) -> None:
+    fuse = make_fuse(f"redis://127.0.0.1:{free_port}/0", clock, [], fail_closed=True)
+    with pytest.raises(StoreUnavailable):
+        fuse.gate("k")
+
+
+async def test_async_fails_open_too(free_port: int, clock: Clock) -> None:
+    events: list[FuseEvent] = []
+    fuse = make_fuse(f"redis://127.0.0.1:{free_port}/0", clock, events)
+    decision = await fuse.arecord("k", 500)
+    assert decision.allowed
+    assert decision.degraded
+    await fuse.store.aclose()  # type: ignore[union-attr]
+
+
+def test_server_stopped_mid_test_then_back(own_redis: OwnRedis, clock: Clock) -> None:
+    events: list[FuseEvent] = []
+    fuse = make_fuse(own_redis.url, clock, events)
+    assert fuse.record("k", 50).allowed
+    assert not fuse.record("k", 60).allowed  # 110/min: over the ceiling, tripped
+    own_redis.stop()
+    assert fuse.gate("k").degraded  # the trip cannot be read: fail open
+    assert fuse.record("other", 500).degraded
+    own_redis.start()  # a restarted server: no state, no scripts loaded (NOSCRIPT)
+    clock.advance(5)  # past the back-off
+    decision = fuse.record("k", 150)
+    assert not decision.degraded
+    assert decision.tripped  # decisions use Redis again, scripts reloaded
+    assert [e.kind for e in events] == ["tripped", "store_unavailable", "store_recovered",
+                                        "tripped"]  # fmt: skip
+
+
+async def test_async_server_stopped_mid_test_then_back(own_redis: OwnRedis, clock: Clock) -> None:
+    events: list[FuseEvent] = []
+    fuse = make_fuse(own_redis.url, clock, events)
+    assert (await fuse.arecord("k", 50)).allowed
+    own_redis.stop()
+    assert (await fuse.arecord("k", 50)).degraded
+    own_redis.start()
+    clock.advance(5)
+    decision = await fuse.arecord("k", 150)
+    assert not decision.degraded
+    assert decision.tripped
+    await fuse.store.aclose()  # type: ignore[union-attr]
