@@ -2,13 +2,15 @@
 # A throwaway 3-node Redis Cluster on loopback for the cluster tests.
 #
 #   scripts/redis-cluster.sh start DIR   # nodes on 127.0.0.1:7301-7303, files under DIR
+#                                        # (TOKENFUSE_CLUSTER_PORT=N: nodes on N..N+2)
 #   scripts/redis-cluster.sh stop DIR    # stops only the processes whose pidfiles are in DIR
 #
 # Then: TOKENFUSE_CLUSTER_URL=redis://127.0.0.1:7301/0 pytest -m cluster
 # No persistence; each node has its own directory (config, pidfile, log) under DIR.
 set -euo pipefail
 
-PORTS=(7301 7302 7303)
+first=${TOKENFUSE_CLUSTER_PORT:-7301}
+PORTS=("$first" "$((first + 1))" "$((first + 2))")
 HOST=127.0.0.1
 
 usage() {
