@@ -22,13 +22,7 @@ from tokenfuse import MemoryStore
 from tokenfuse._core.bucket import BucketState
 from tokenfuse._core.velocity import VelocityState
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_codec import (
-    BUCKET_STATE,
-    VELOCITY_STATE,
-    bucket_state,
-    keys_of,
-    velocity_state,
-)
+from tokenfuse._stores.redis_codec import key_of, read_state
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -53,29 +47,9 @@ def delete_prefix(client: redis.Redis, prefix: str) -> None:
 def read_states(
     client: redis.Redis, prefix: str, keys: Sequence[str]
 ) -> list[tuple[VelocityState | None, BucketState | None]]:
-    """Both hashes of each key as the core's state objects, read straight from Redis."""
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        for name in keys_of(prefix, key):
-            pipe.hgetall(name)
-    hashes = pipe.execute()
-    return [_states(*hashes[at : at + 2]) for at in range(0, len(hashes), 2)]
-
-
-def _states(
-    velocity: dict[bytes, bytes], bucket: dict[bytes, bytes]
-) -> tuple[VelocityState | None, BucketState | None]:
-    vstate = bstate = None
-    if b"state" in velocity:
-        numbers = VELOCITY_STATE.unpack(velocity[b"state"])
-        vstate = velocity_state(numbers, float(velocity.get(b"limit_override", -1.0)))
-    if b"state" in bucket:
-        bstate = bucket_state(
-            BUCKET_STATE.unpack(bucket[b"state"]),
-            float(bucket.get(b"capacity_override", -1.0)),
-            float(bucket.get(b"rate_override", -1.0)),
-        )
-    return vstate, bstate
+    """Each key's string as the core's state objects, read straight from Redis."""
+    blobs = client.mget([key_of(prefix, key) for key in keys])
+    return [read_state(blob) for blob in blobs]
 
 
 @dataclass
@@ -105,8 +79,8 @@ class Backend:
         assert self.make_twin is not None
         return Backend(self.kind, self.make_twin(), self.is_async, self.clock, self.raw)
 
-    def keys(self, key: str) -> tuple[str, str]:
-        return keys_of(self.prefix, key)
+    def key(self, key: str) -> str:
+        return key_of(self.prefix, key)
 
 
 async def open_backend(kind: str, request: pytest.FixtureRequest, clock: Clock) -> Backend:

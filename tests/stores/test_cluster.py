@@ -1,7 +1,7 @@
 """Every operation against a real 3-node Redis Cluster (``scripts/redis-cluster.sh``).
 
-Each script touches only the keys of one identity, which share a hash tag, so a decision is
-one EVALSHA on the node that owns the slot, whichever node that is.
+Each script touches only the one key of one identity, so a decision is one EVALSHA on the
+node that owns its slot, whichever node that is.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.conftest import Clock
 from tests.stores.conftest import unique_prefix
 from tokenfuse import BucketPolicy, VelocityPolicy
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_codec import keys_of
+from tokenfuse._stores.redis_codec import key_of
 
 pytestmark = pytest.mark.cluster
 
@@ -39,17 +39,16 @@ def prefix(cluster: RedisCluster) -> Iterator[str]:
     name = unique_prefix()
     yield name
     for identity in IDENTITIES:
-        for key in keys_of(name, identity):
-            cluster.delete(key)
+        cluster.delete(key_of(name, identity))
 
 
 def owners(cluster: RedisCluster, prefix: str) -> set[str]:
     """The nodes that own the identities' slots."""
     names = set()
     for identity in IDENTITIES:
-        velocity, bucket = keys_of(prefix, identity)
-        assert key_slot(velocity.encode()) == key_slot(bucket.encode())
-        names.add(cluster.get_node_from_key(velocity).name)
+        name = key_of(prefix, identity)
+        assert key_slot(name.encode()) == key_slot(f"{{{identity}}}".encode())
+        names.add(cluster.get_node_from_key(name).name)
     return names
 
 

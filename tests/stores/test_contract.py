@@ -310,7 +310,7 @@ async def test_overrides_are_seen_by_another_process(redis_backend: Backend) -> 
     assert [v.allowed for v in verdicts] == [True, True, False]
 
 
-async def test_every_write_sets_the_ttl_on_every_key(redis_backend: Backend) -> None:
+async def test_every_write_sets_the_ttl(redis_backend: Backend) -> None:
     raw = redis_backend.raw
     assert raw is not None
     bucket = BucketPolicy(rate=1, capacity=5)
@@ -318,18 +318,18 @@ async def test_every_write_sets_the_ttl_on_every_key(redis_backend: Backend) -> 
         redis_backend.record("r", 1, OPEN),
         redis_backend.admit("a", cost=1, amount=1, velocity=OPEN, bucket=bucket),
         redis_backend.configure("c", limit=5.0, rate=2.0),
+        redis_backend.admit("b", cost=1, amount=1, velocity=None, bucket=bucket),
     ]
     for write in writes:
         await write
-    for key in ("r", "a", "c"):
-        for name in redis_backend.keys(key):
-            if raw.exists(name):
-                assert 14 * 86_400_000 - 60_000 < raw.pttl(name) <= 14 * 86_400_000
-    raw.pexpire(redis_backend.keys("a")[0], 10_000)
-    raw.pexpire(redis_backend.keys("a")[1], 10_000)
+    for key in ("r", "a", "c", "b"):
+        assert 14 * 86_400_000 - 60_000 < raw.pttl(redis_backend.key(key)) <= 14 * 86_400_000
+    raw.pexpire(redis_backend.key("a"), 10_000)
     await redis_backend.reset("a")
-    assert all(raw.pttl(name) > 10_000 for name in redis_backend.keys("a"))
-    assert raw.exists(*redis_backend.keys("r"), *redis_backend.keys("a")) == 3
+    assert raw.pttl(redis_backend.key("a")) > 10_000
+    # one string per identity: velocity block (352 bytes) and/or bucket block (64 bytes)
+    sizes = [raw.strlen(redis_backend.key(key)) for key in ("r", "a", "c", "b")]
+    assert sizes == [352, 416, 416, 64]
 
 
 async def test_scripts_are_reloaded_after_script_flush(redis_backend: Backend) -> None:
@@ -341,13 +341,16 @@ async def test_scripts_are_reloaded_after_script_flush(redis_backend: Backend) -
     assert not (await redis_backend.gate("k")).allowed
 
 
-async def test_both_keys_of_an_identity_share_a_cluster_slot(redis_backend: Backend) -> None:
+async def test_an_identity_is_one_key_with_a_hash_tag(redis_backend: Backend) -> None:
     from redis.crc import key_slot
 
-    for key in ("default:0f3a", "inbound:" + "e" * 32, "x", "a}b", "{weird}"):
-        velocity, bucket = redis_backend.keys(key)
-        assert velocity.startswith(f"{redis_backend.prefix}:{{") and velocity.endswith(":v")
-        assert key_slot(velocity.encode()) == key_slot(bucket.encode())
+    for key in ("default:0f3a", "inbound:" + "e" * 32, "x"):
+        name = redis_backend.key(key)
+        assert name == f"{redis_backend.prefix}:{{{key}}}"
+        assert key_slot(name.encode()) == key_slot(key.encode())
+    for key in ("a}b", "{weird}"):
+        name = redis_backend.key(key)
+        assert name.startswith(f"{redis_backend.prefix}:{{") and name.endswith("}")
 
 
 async def test_state_size_is_constant_whatever_the_traffic(
@@ -363,12 +366,13 @@ async def test_state_size_is_constant_whatever_the_traffic(
             clock.advance(0.1 + (n % 7) * 3.3)
             amount = n * 1.7 + 0.1
             await redis_backend.admit("k", cost=1, amount=amount, velocity=OPEN, bucket=bucket)
-        size = [(raw.hlen(name), raw.hstrlen(name, "state")) for name in redis_backend.keys("k")]
+        name = redis_backend.key("k")
+        size = [raw.type(name), raw.strlen(name)]
         if redis_backend.kind != "fakeredis":  # fakeredis has no MEMORY USAGE
-            size.append(sum(raw.memory_usage(name) or 0 for name in redis_backend.keys("k")))
+            size.append(raw.memory_usage(name) or 0)
         sizes.append(size)
     assert sizes[0] == sizes[1]
-    assert sizes[0][:2] == [(2, 43 * 8), (3, 6 * 8)]
+    assert sizes[0][:2] == [b"string", (43 + 1 + 6 + 2) * 8]
     if redis_backend.kind != "fakeredis":
         assert sizes[0][-1] < 2048
 

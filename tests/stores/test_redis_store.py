@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 import fakeredis
 import pytest
@@ -79,10 +81,15 @@ async def test_an_unreachable_server_is_store_unavailable_async(free_port: int) 
     await store.aclose()
 
 
-def test_a_server_error_is_store_unavailable_too() -> None:
+@pytest.mark.parametrize(
+    "foreign",
+    [lambda c: c.hset("p:{k}", "f", "not a string"), lambda c: c.set("p:{k}", "not our state")],
+    ids=["wrong-type", "wrong-length"],
+)
+def test_a_server_error_is_store_unavailable_too(foreign: Callable[[Any], object]) -> None:
     client = fakeredis.FakeRedis()
     store = RedisStore(client, prefix="p")
-    client.set("p:{k}:v", "not a hash")
+    foreign(client)
     with pytest.raises(StoreUnavailable) as caught:
         store.record("k", 1, POLICY)
     assert isinstance(caught.value.__cause__, redis.ResponseError)
@@ -159,9 +166,11 @@ numbers[#numbers + 1] = 1 / 0
 numbers[#numbers + 1] = -1 / 0
 local blob = pack('<' .. string.rep('d', n + 2), unpack(numbers))
 local back = {unpack_doubles('<' .. string.rep('d', n + 2), blob)}
+local shifted = {unpack_doubles('<' .. string.rep('d', n + 2), 'abc' .. blob, 4)} -- at byte 4
 local same = 1
 for i = 1, n + 2 do
   if back[i] ~= numbers[i] or 1 / back[i] ~= 1 / numbers[i] then same = 0 end
+  if shifted[i] ~= numbers[i] or 1 / shifted[i] ~= 1 / numbers[i] then same = 0 end
 end
 return {blob, same}
 """

@@ -4,21 +4,27 @@ Every operation is one EVALSHA of one script (``lua/<op>.lua`` after the shared 
 so each decision is atomic across every process that shares the server, and needs no lock,
 pipeline or retry loop.
 
-**Layout.** An identity ``<key>`` (what ``Fuse`` passes: ``name:hash``) owns two hashes that
-share one hash tag, so every script touches a single cluster slot::
+**Layout.** An identity ``<key>`` (what ``Fuse`` passes: ``name:hash``) is one string key,
+``<prefix>:{<key>}`` (the hash tag picks its cluster slot), holding all of its state as
+little-endian packed doubles::
 
-    <prefix>:{<key>}:v    state              VelocityState as 43 packed doubles (344 bytes)
-                          limit_override     text, set live (-1 or absent: none)
-    <prefix>:{<key>}:b    state              BucketState as 6 packed doubles (48 bytes)
-                          capacity_override  text, set live (-1 or absent: none)
-                          rate_override      text, set live (-1 or absent: none)
+    velocity block  VelocityState (43 doubles), then limit_override      352 bytes
+    bucket block    BucketState (6 doubles), then capacity_override and  64 bytes
+                    rate_override
 
-The field order of each ``state`` is in ``redis_codec`` (and ``lua/_lib.lua``). Packed doubles
-are exact and cost one C call each way in Lua, where separate text fields would cost a string
-and a conversion apiece on every decision. The size is fixed whatever the traffic (about
-700 bytes of ``MEMORY USAGE`` per identity), and every operation that writes refreshes the
-TTL of both hashes (``ttl``, default 14 days). The overrides sit next to the state, so every
-process reads them with its next decision, in the same round trip.
+Each block is there only when the identity has that state, in this order, so the string is
+352, 64 or 416 bytes long and its length says which blocks it holds; an override of -1 means
+none. The field order is in ``redis_codec`` (and ``lua/_lib.lua``); ``redis_codec.read_state``
+turns a raw ``GET`` back into the core's state objects. A decision is ``TIME``, ``GET`` and
+one ``SET ... PX ttl`` inside one script: each command a script calls costs a few
+microseconds of fixed overhead on the server, more than the command itself, so everything an
+identity has sits in one value written with its TTL in one call. Packed doubles are exact and
+cost one C call each way in Lua, where separate text fields would cost a string and a
+conversion apiece. The size is fixed whatever the traffic (about 500 bytes of
+``MEMORY USAGE`` per identity), and every operation that writes refreshes the TTL (``ttl``,
+default 14 days). The overrides sit in the same value, so every process reads them with its
+next decision, in the same round trip; set them with ``configure`` (a raw ``redis-cli HSET``
+no longer can).
 
 **Clock.** The server's ``TIME`` by default, one clock for every process; an explicit
 ``clock`` (tests, simulations) is passed to the scripts as an argument.
@@ -43,8 +49,8 @@ from .redis_codec import (
     admit_args,
     admit_verdict,
     configure_args,
+    key_of,
     key_status,
-    keys_of,
     record_args,
     velocity_verdict,
 )
@@ -172,11 +178,11 @@ class RedisStore:
             return await script(keys, args)
 
     def _gate(self, key: str) -> _Call:
-        return "gate", keys_of(self.prefix, key)[:1], (self._now(),)
+        return "gate", (key_of(self.prefix, key),), (self._now(),)
 
     def _record(self, key: str, amount: float, velocity: VelocityPolicy) -> _Call:
         args = record_args(self._now(), self._ttl_ms, amount, velocity)
-        return "record", keys_of(self.prefix, key)[:1], args
+        return "record", (key_of(self.prefix, key),), args
 
     def _admit(
         self,
@@ -187,13 +193,13 @@ class RedisStore:
         bucket: BucketPolicy | None,
     ) -> _Call:
         args = admit_args(self._now(), self._ttl_ms, cost, amount, velocity, bucket)
-        return "admit", keys_of(self.prefix, key), args
+        return "admit", (key_of(self.prefix, key),), args
 
     def _status(self, key: str) -> _Call:
-        return "status", keys_of(self.prefix, key), (self._now(),)
+        return "status", (key_of(self.prefix, key),), (self._now(),)
 
     def _reset(self, key: str) -> _Call:
-        return "reset", keys_of(self.prefix, key), (self._ttl_ms,)
+        return "reset", (key_of(self.prefix, key),), (self._ttl_ms,)
 
     def _configure(
         self,
@@ -203,7 +209,7 @@ class RedisStore:
         rate: float | None | Unset,
     ) -> _Call:
         args = configure_args(self._now(), self._ttl_ms, limit, capacity, rate)
-        return "configure", keys_of(self.prefix, key), args
+        return "configure", (key_of(self.prefix, key),), args
 
     # -- sync -------------------------------------------------------------------------------------
 

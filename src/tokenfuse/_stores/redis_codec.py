@@ -23,44 +23,45 @@ from .._errors import ConfigurationError
 from .base import KeyStatus, Unset
 
 __all__ = [
+    "BUCKET_BLOCK",
     "BUCKET_LAYOUT",
-    "BUCKET_STATE",
+    "VELOCITY_BLOCK",
     "VELOCITY_LAYOUT",
-    "VELOCITY_STATE",
     "admit_args",
     "admit_verdict",
     "bucket_state",
     "configure_args",
+    "key_of",
     "key_status",
-    "keys_of",
+    "read_state",
     "record_args",
     "velocity_state",
     "velocity_verdict",
 ]
 
-#: The ``state`` field of each hash (``_lib.lua``): little-endian doubles in this order; the
-#: velocity state goes on with ``amounts[0..12]`` and ``largest[0..12]`` (43 doubles in all).
+#: The blocks of an identity's string (``_lib.lua``): little-endian doubles in this order. The
+#: velocity block goes on with ``amounts[0..12]``, ``largest[0..12]`` and ``limit_override``
+#: (44 doubles in all); the bucket block with ``capacity_override`` and ``rate_override`` (8).
 VELOCITY_LAYOUT = (
     "first_seen", "head", "minute", "minute_amount", "pending_minute", "pending_amount",
     "baseline", "weight", "samples", "learned_at", "open_until", "strikes", "last_trip",
     "trip_reason", "trip_rate", "trip_limit", "trip_baseline",
 )  # fmt: skip
 BUCKET_LAYOUT = ("tokens", "updated", "use_minute", "use_amount", "hot_since", "alerted")
-VELOCITY_STATE = struct.Struct("<" + "d" * (len(VELOCITY_LAYOUT) + 2 * SLOTS))
-BUCKET_STATE = struct.Struct("<" + "d" * len(BUCKET_LAYOUT))
+VELOCITY_BLOCK = struct.Struct("<" + "d" * (len(VELOCITY_LAYOUT) + 2 * SLOTS + 1))
+BUCKET_BLOCK = struct.Struct("<" + "d" * (len(BUCKET_LAYOUT) + 2))
 _VELOCITY_POLICY = struct.Struct("<10d")
 _BUCKET_POLICY = struct.Struct("<4d")
 _V_INTS = frozenset({"head", "minute", "pending_minute", "samples", "strikes", "trip_reason"})
 _B_INTS = frozenset({"use_minute", "hot_since"})
 
 
-def keys_of(prefix: str, key: str) -> tuple[str, str]:
-    """(velocity hash, bucket hash): one ``{hash tag}``, so one cluster slot per identity."""
+def key_of(prefix: str, key: str) -> str:
+    """The identity's one Redis key, ``<prefix>:{<key>}`` (its hash tag picks the slot)."""
     if not key:
-        # '{}' is no hash tag at all: the two keys would land in different slots.
+        # '{}' is no hash tag at all: the slot would be the whole name's.
         raise ConfigurationError("store keys must not be empty")
-    base = f"{prefix}:{{{key}}}:"
-    return base + "v", base + "b"
+    return f"{prefix}:{{{key}}}"
 
 
 # -- arguments ----------------------------------------------------------------------------------
@@ -194,8 +195,23 @@ def admit_verdict(reply: bytes | str) -> AdmitVerdict:
 # -- state ----------------------------------------------------------------------------------------
 
 
+def read_state(blob: bytes | None) -> tuple[VelocityState | None, BucketState | None]:
+    """The core's state objects from an identity's string as stored (``GET`` of ``key_of``):
+    the velocity block, if any, then the bucket block, if any; the length says which."""
+    if not blob:
+        return None, None
+    vstate = bstate = None
+    if len(blob) != BUCKET_BLOCK.size:
+        numbers = VELOCITY_BLOCK.unpack_from(blob)
+        vstate = velocity_state(numbers[:-1], numbers[-1])
+    if len(blob) != VELOCITY_BLOCK.size:
+        numbers = BUCKET_BLOCK.unpack_from(blob, len(blob) - BUCKET_BLOCK.size)
+        bstate = bucket_state(numbers[:-2], *numbers[-2:])
+    return vstate, bstate
+
+
 def velocity_state(numbers: Sequence[float], limit_override: float = -1.0) -> VelocityState:
-    """The core's state object from the stored doubles (``VELOCITY_STATE`` order)."""
+    """The core's state object from the velocity block's doubles (``VELOCITY_LAYOUT``)."""
     state = VelocityState(first_seen=numbers[0])
     scalars = len(VELOCITY_LAYOUT)
     for name, value in zip(VELOCITY_LAYOUT[1:], numbers[1:scalars], strict=True):
@@ -209,7 +225,7 @@ def velocity_state(numbers: Sequence[float], limit_override: float = -1.0) -> Ve
 def bucket_state(
     numbers: Sequence[float], capacity_override: float = -1.0, rate_override: float = -1.0
 ) -> BucketState:
-    """The core's state object from the stored doubles (``BUCKET_STATE`` order)."""
+    """The core's state object from the bucket block's doubles (``BUCKET_LAYOUT``)."""
     state = BucketState(tokens=numbers[0], updated=numbers[1])
     for name, value in zip(BUCKET_LAYOUT[2:], numbers[2:], strict=True):
         setattr(state, name, int(value) if name in _B_INTS else value)

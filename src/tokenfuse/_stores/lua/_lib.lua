@@ -11,19 +11,24 @@ Redis runs a script's whole chunk on every EVALSHA, and each function definition
 closure then; so the loader (redis_scripts.py) keeps only the top-level definitions an
 operation uses. Keep every definition a top-level 'local' statement.
 
-State. Each identity has two hashes; field 'state' of each holds the core's state object as
-little-endian IEEE doubles (struct.pack), in this order:
+State. Each identity is one string key, <prefix>:{<key>}, holding the core's state objects
+as little-endian IEEE doubles (struct.pack): a velocity block, then a bucket block, each only
+when the identity has that state, so the string is 352 (velocity only), 64 (bucket only) or
+416 bytes (both) long, and its length says which blocks it holds:
 
-  velocity (43 doubles): first_seen, head, minute, minute_amount, pending_minute,
+  velocity block (44 doubles): first_seen, head, minute, minute_amount, pending_minute,
     pending_amount, baseline, weight, samples, learned_at, open_until, strikes, last_trip,
-    trip_reason, trip_rate, trip_limit, trip_baseline, amounts[0..12], largest[0..12]
-  bucket (6 doubles): tokens, updated, use_minute, use_amount, hot_since, alerted (0/1)
+    trip_reason, trip_rate, trip_limit, trip_baseline, amounts[0..12], largest[0..12],
+    limit_override (-1 = none)
+  bucket block (8 doubles): tokens, updated, use_minute, use_amount, hot_since, alerted (0/1),
+    capacity_override, rate_override (-1 = none)
 
-Packed doubles are exact and cost one C call each way; 44 separate text fields would cost a
-Lua string and a tonumber each, more than all the rest of a decision (measured). The live
-overrides are text fields of the same hashes (limit_override in the velocity hash,
-capacity_override and rate_override in the bucket hash; -1 or absent = none), readable and
-settable from redis-cli too.
+So a decision is TIME, GET and one SET ... PX ttl (the write and the TTL in one call): every
+redis.call costs a few microseconds of fixed overhead, more than the command itself. Packed
+doubles are exact and cost one C call each way; 50-odd separate text fields would cost a Lua
+string and a tonumber each, more than all the rest of a decision (measured). The live
+overrides live in the blocks too, so every process reads them with its next decision; they
+are set with RedisStore.configure (not with a raw redis-cli HSET any more).
 
 Replies are text, so that clients with decode_responses=True work: numbers with %.17g (exact;
 Redis would truncate a Lua number to an integer), None as 'nan'.
@@ -38,8 +43,9 @@ local MANUAL, LOOP, COLD = 1, 2, 3
 local FULL = -1.0
 local EPSILON = 1e-6 -- bucket.py: float resolution of timestamps near 1.7e9
 -- struct formats: little-endian doubles; literals, as building them costs on every call
-local V_FORMAT = '<ddddddddddddddddddddddddddddddddddddddddddd' -- 43: velocity state
-local B_FORMAT = '<dddddd' -- 6: bucket state
+local V_FORMAT = '<dddddddddddddddddddddddddddddddddddddddddddd' -- 44: velocity block
+local B_FORMAT = '<dddddddd' -- 8: bucket block
+local V_SIZE, B_SIZE = 352, 64 -- bytes of each block
 local VP_FORMAT = '<dddddddddd' -- 10: velocity policy
 local BP_FORMAT = '<dddd' -- 4: bucket policy
 
@@ -57,7 +63,7 @@ end
 local pack, unpack_doubles -- struct.pack and struct.unpack, or the same in plain Lua
 if struct then
   pack = struct.pack
-  unpack_doubles = struct.unpack -- returns one more value (the next position): ignored
+  unpack_doubles = struct.unpack -- (format, s, at): one more value (the next position) too
 else
   -- fakeredis has no struct library: the same bytes from plain Lua (slow, but exact).
   local function double_bytes(x)
@@ -104,9 +110,10 @@ else
     for i = 1, select('#', ...) do parts[i] = double_bytes((select(i, ...))) end
     return table.concat(parts)
   end
-  unpack_doubles = function(format, s)
+  unpack_doubles = function(format, s, at)
     local values = {}
-    for i = 1, #format - 1 do values[i] = bytes_double(s, i * 8 - 7) end
+    at = (at or 1) - 8
+    for i = 1, #format - 1 do values[i] = bytes_double(s, at + i * 8) end
     return unpack(values)
   end
 end
@@ -143,7 +150,16 @@ local function bucket_params(arg)
 end
 
 -- ---------------------------------------------------------------------------------------------
--- State (VelocityState, BucketState) <-> hashes
+-- State (VelocityState, BucketState) <-> the identity's string
+
+-- The identity's string, or false when it has no state yet.
+local function load_state(key)
+  local s = redis.call('GET', key)
+  if s and #s ~= V_SIZE and #s ~= B_SIZE and #s ~= V_SIZE + B_SIZE then
+    error('tokenfuse: ' .. key .. ' holds no tokenfuse state')
+  end
+  return s
+end
 
 local function new_velocity(now)
   local ring, top = {}, {}
@@ -160,37 +176,22 @@ local function new_velocity(now)
   }
 end
 
-local function velocity_blob(v)
-  local a, x = v.amounts, v.largest
-  return pack(V_FORMAT, v.first_seen, v.head, v.minute, v.minute_amount, v.pending_minute,
-    v.pending_amount, v.baseline, v.weight, v.samples, v.learned_at, v.open_until, v.strikes,
-    v.last_trip, v.trip_reason, v.trip_rate, v.trip_limit, v.trip_baseline,
-    a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
-    x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13])
-end
-
--- The key's velocity state, or nil. The ring is 1-based: amounts[i + 1] is Python's amounts[i].
-local function load_velocity(key)
-  local f = redis.call('HMGET', key, 'state', 'limit_override')
-  if not f[1] then return nil end
-  local n = {unpack_doubles(V_FORMAT, f[1])}
+-- The velocity state in string s, or nil. The ring is 1-based: amounts[i + 1] is Python's
+-- amounts[i].
+local function load_velocity(s)
+  if not s or #s == B_SIZE then return nil end
+  local n = {unpack_doubles(V_FORMAT, s)}
   return {
     first_seen = n[1], head = n[2], minute = n[3], minute_amount = n[4], pending_minute = n[5],
     pending_amount = n[6], baseline = n[7], weight = n[8], samples = n[9], learned_at = n[10],
     open_until = n[11], strikes = n[12], last_trip = n[13], trip_reason = n[14],
     trip_rate = n[15], trip_limit = n[16], trip_baseline = n[17],
-    limit_override = tonumber(f[2]) or -1.0,
     amounts = {n[18], n[19], n[20], n[21], n[22], n[23], n[24], n[25], n[26], n[27], n[28],
       n[29], n[30]},
     largest = {n[31], n[32], n[33], n[34], n[35], n[36], n[37], n[38], n[39], n[40], n[41],
       n[42], n[43]},
-    blob = f[1],
+    limit_override = n[44],
   }
-end
-
-local function save_velocity(key, v)
-  local blob = velocity_blob(v)
-  if blob ~= v.blob then redis.call('HSET', key, 'state', blob) end
 end
 
 local function new_bucket(tokens, now)
@@ -198,26 +199,40 @@ local function new_bucket(tokens, now)
     alerted = 0, capacity_override = -1.0, rate_override = -1.0}
 end
 
-local function load_bucket(key)
-  local f = redis.call('HMGET', key, 'state', 'capacity_override', 'rate_override')
-  if not f[1] then return nil end
-  local tokens, updated, use_minute, use_amount, hot_since, alerted =
-    unpack_doubles(B_FORMAT, f[1])
+-- The bucket state in string s, or nil.
+local function load_bucket(s)
+  if not s or #s == V_SIZE then return nil end
+  local tokens, updated, use_minute, use_amount, hot_since, alerted, capacity, rate =
+    unpack_doubles(B_FORMAT, s, #s - B_SIZE + 1)
   return {tokens = tokens, updated = updated, use_minute = use_minute, use_amount = use_amount,
-    hot_since = hot_since, alerted = alerted, capacity_override = tonumber(f[2]) or -1.0,
-    rate_override = tonumber(f[3]) or -1.0, blob = f[1]}
+    hot_since = hot_since, alerted = alerted, capacity_override = capacity,
+    rate_override = rate}
 end
 
-local function save_bucket(key, b)
-  local blob = pack(B_FORMAT, b.tokens, b.updated, b.use_minute, b.use_amount, b.hot_since,
-    b.alerted)
-  if blob ~= b.blob then redis.call('HSET', key, 'state', blob) end
-end
-
--- Every operation that writes refreshes the TTL of all its keys, changed or not: an identity
--- in use never expires, an idle one disappears after ttl (the MemoryStore's touch).
-local function touch(ttl)
-  for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
+-- Write the identity's string with its TTL (ttl ms) in one SET: the velocity block of v, or
+-- the one in s as it was; then the bucket block of b, or the one in s. Every operation that
+-- writes refreshes the TTL, changed or not: an identity in use never expires, an idle one
+-- disappears after ttl (the MemoryStore's touch).
+local function save(key, ttl, s, v, b)
+  local blob = ''
+  if v then
+    local a, x = v.amounts, v.largest
+    blob = pack(V_FORMAT, v.first_seen, v.head, v.minute, v.minute_amount, v.pending_minute,
+      v.pending_amount, v.baseline, v.weight, v.samples, v.learned_at, v.open_until, v.strikes,
+      v.last_trip, v.trip_reason, v.trip_rate, v.trip_limit, v.trip_baseline,
+      a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
+      x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13],
+      v.limit_override)
+  elseif s and #s ~= B_SIZE then
+    blob = string.sub(s, 1, V_SIZE)
+  end
+  if b then
+    blob = blob .. pack(B_FORMAT, b.tokens, b.updated, b.use_minute, b.use_amount, b.hot_since,
+      b.alerted, b.capacity_override, b.rate_override)
+  elseif s and #s ~= V_SIZE then
+    blob = blob .. string.sub(s, -B_SIZE)
+  end
+  if blob ~= '' then redis.call('SET', key, blob, 'PX', ttl) end
 end
 
 -- ---------------------------------------------------------------------------------------------

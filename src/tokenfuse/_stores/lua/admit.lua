@@ -1,15 +1,17 @@
 --[[
 admit.lua: decide one inbound call: latch, then bucket, then velocity (admission.admit).
 
-KEYS[1]  velocity hash   <prefix>:{<key>}:v
-KEYS[2]  bucket hash     <prefix>:{<key>}:b
+KEYS[1]  the identity's state string  <prefix>:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME
-ARGV[2]  ttl of both hashes, milliseconds
+ARGV[2]  ttl of the string, milliseconds
 ARGV[3]  cost taken from the bucket
 ARGV[4]  amount added to the velocity window (0 = check the latch only)
 ARGV[5]  velocity policy as in record.lua, or '' for none
 ARGV[6]  bucket policy: 4 little-endian doubles: rate /s, capacity, near_limit_fraction,
          near_limit_after s; or '' for none
+
+Calls TIME (unless ARGV[1] is given), GET and SET ... PX; a block the call has no policy
+for is written back as it was.
 
 Returns '<allowed> <velocity verdict> <bucket verdict>': the velocity verdict as in
 record.lua (8 fields), the bucket verdict as 'allowed remaining capacity <rate /s>
@@ -21,18 +23,17 @@ local cost = tonumber(ARGV[3])
 local amount = tonumber(ARGV[4])
 local vp = velocity_params(ARGV[5])
 local bp = bucket_params(ARGV[6])
+local s = load_state(KEYS[1])
 
 local v = nil
 if vp ~= nil then
-  v = load_velocity(KEYS[1])
+  v = load_velocity(s)
   if v == nil and amount > 0 then v = new_velocity(now) end
 end
 local b = nil
-if bp ~= nil then b = load_bucket(KEYS[2]) or new_bucket(bp.capacity, now) end
+if bp ~= nil then b = load_bucket(s) or new_bucket(bp.capacity, now) end
 
 local allowed, latch, taken = admit(v, b, cost, amount, now, vp, bp)
-if v ~= nil then save_velocity(KEYS[1], v) end
-if b ~= nil then save_bucket(KEYS[2], b) end
-touch(ARGV[2])
+save(KEYS[1], ARGV[2], s, v, b)
 return string.format('%d %s %s', allowed, latch or '-1 0 0 0 nan nan nan 0',
   taken or '-1 0 0 0 0 0')

@@ -2,26 +2,28 @@
 configure.lua: set or clear the key's live overrides, read by every process with its next
 decision (MemoryStore.configure).
 
-KEYS[1]  velocity hash   <prefix>:{<key>}:v
-KEYS[2]  bucket hash     <prefix>:{<key>}:b
+KEYS[1]  the identity's state string  <prefix>:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME
-ARGV[2]  ttl of both hashes, milliseconds
+ARGV[2]  ttl of the string, milliseconds
 ARGV[3]  limit_override /min: '' = leave as is, -1 = none (the code's policy applies)
 ARGV[4]  capacity_override:   same convention
 ARGV[5]  rate_override /s:    same convention
 
-A key without state gets a new one (first seen now; a bucket that starts full).
-Returns nothing.
+A key without the state an override belongs to gets a new one (first seen now; a bucket that
+starts full). Returns nothing.
 --]]
 
 local now = clock(ARGV[1])
+local s = load_state(KEYS[1])
+local v = nil
 if ARGV[3] ~= '' then
-  if load_velocity(KEYS[1]) == nil then save_velocity(KEYS[1], new_velocity(now)) end
-  redis.call('HSET', KEYS[1], 'limit_override', ARGV[3])
+  v = load_velocity(s) or new_velocity(now)
+  v.limit_override = tonumber(ARGV[3])
 end
+local b = nil
 if ARGV[4] ~= '' or ARGV[5] ~= '' then
-  if load_bucket(KEYS[2]) == nil then save_bucket(KEYS[2], new_bucket(FULL, now)) end
-  if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], 'capacity_override', ARGV[4]) end
-  if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'rate_override', ARGV[5]) end
+  b = load_bucket(s) or new_bucket(FULL, now)
+  if ARGV[4] ~= '' then b.capacity_override = tonumber(ARGV[4]) end
+  if ARGV[5] ~= '' then b.rate_override = tonumber(ARGV[5]) end
 end
-touch(ARGV[2])
+save(KEYS[1], ARGV[2], s, v, b)

@@ -2,21 +2,24 @@
 record.lua: add an amount to the key's window and judge the new rate (velocity.record).
 A trip opens the key; the verdict says so.
 
-KEYS[1]  velocity hash   <prefix>:{<key>}:v
+KEYS[1]  the identity's state string  <prefix>:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME
-ARGV[2]  ttl of the hash, milliseconds
+ARGV[2]  ttl of the string, milliseconds
 ARGV[3]  amount, in the policy's unit (tokens, calls, ...)
 ARGV[4]  velocity policy: 10 little-endian doubles: limit /min (-1 = None), spike_multiple,
          min_baseline /min, learning_period s, min_samples, cold_start_limit /min (-1 = None),
          half_life s, cooldown s, cooldown_max s, escalation_window s
+
+Calls TIME (unless ARGV[1] is given), GET and SET ... PX; the bucket block, if any, is
+written back as it was.
 
 Returns the verdict 'allowed tripped <reason code> <rate /min> <limit /min> <baseline /min>
 <multiple> <retry_after s>' (numbers as %.17g, None as nan).
 --]]
 
 local now = clock(ARGV[1])
-local v = load_velocity(KEYS[1]) or new_velocity(now)
+local s = load_state(KEYS[1])
+local v = load_velocity(s) or new_velocity(now)
 local _, verdict = record(v, tonumber(ARGV[3]), now, velocity_params(ARGV[4]))
-save_velocity(KEYS[1], v)
-touch(ARGV[2])
+save(KEYS[1], ARGV[2], s, v, nil)
 return verdict

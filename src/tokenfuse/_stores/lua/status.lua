@@ -4,36 +4,23 @@ status.lua: read the key's whole state, changing nothing.
 The view itself (rate over the window, established baseline, bucket level) is computed by the
 Python core from these numbers (velocity.snapshot, bucket.level), so it cannot drift from it.
 
-KEYS[1]  velocity hash   <prefix>:{<key>}:v
-KEYS[2]  bucket hash     <prefix>:{<key>}:b
+KEYS[1]  the identity's state string  <prefix>:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME
 
-Returns {now, velocity state, bucket state}: each state as its numbers in the order of
-_lib.lua followed by its overrides (-1 = none), space-separated %.17g; '' when the key has
-no such state.
+Returns {now, velocity block, bucket block}: each block's doubles in the order of _lib.lua
+(the state, then its overrides, -1 = none) as space-separated %.17g text, so that clients
+with decode_responses=True work too; '' when the key has no such block.
 --]]
 
-local function numbers(state, names)
-  if state == nil then return '' end
-  local out = {}
-  for i, name in ipairs(names) do out[i] = fmt(state[name]) end
-  return table.concat(out, ' ')
+local function numbers(count, ...) -- the first count values (struct.unpack adds one more)
+  local values = {...}
+  for i = 1, count do values[i] = fmt(values[i]) end
+  return table.concat(values, ' ', 1, count)
 end
 
 local now = clock(ARGV[1])
-local v = load_velocity(KEYS[1])
-local text = ''
-if v ~= nil then
-  local ring = {}
-  for i = 1, SLOTS do
-    ring[i] = fmt(v.amounts[i])
-    ring[i + SLOTS] = fmt(v.largest[i])
-  end
-  text = numbers(v, {'first_seen', 'head', 'minute', 'minute_amount', 'pending_minute',
-    'pending_amount', 'baseline', 'weight', 'samples', 'learned_at', 'open_until', 'strikes',
-    'last_trip', 'trip_reason', 'trip_rate', 'trip_limit', 'trip_baseline'})
-    .. ' ' .. table.concat(ring, ' ') .. ' ' .. fmt(v.limit_override)
-end
-local bucket = numbers(load_bucket(KEYS[2]), {'tokens', 'updated', 'use_minute', 'use_amount',
-  'hot_since', 'alerted', 'capacity_override', 'rate_override'})
-return {fmt(now), text, bucket}
+local s = load_state(KEYS[1])
+local velocity, bucket = '', ''
+if s and #s ~= B_SIZE then velocity = numbers(44, unpack_doubles(V_FORMAT, s)) end
+if s and #s ~= V_SIZE then bucket = numbers(8, unpack_doubles(B_FORMAT, s, #s - B_SIZE + 1)) end
+return {fmt(now), velocity, bucket}
