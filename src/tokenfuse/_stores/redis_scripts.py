@@ -1,10 +1,15 @@
 """The Lua source of each operation: ``lua/_lib.lua`` (the policy core) before its body.
 
 Redis runs the whole chunk of a script on every EVALSHA, and each ``local function`` in it
-costs a closure then (about as much as a PING's server time, per function). So the loader
-keeps, in their order, only the library's top-level ``local`` definitions that the body uses,
-directly or through other definitions: the gate, run before every outbound call, carries a
-dozen of the forty-odd. Nothing is rewritten; every kept line is the library's own.
+costs a closure then, more for every outer local it captures (an upvalue). So the loader
+
+- writes the library's constants (``local NAME = <number or 'string'>``, NAME in capitals)
+  into the code as their literals, outside comments and strings: no function captures them;
+- keeps, in their order, only the library's top-level ``local`` definitions that the body
+  uses, directly or through other definitions: the gate, run before every outbound call,
+  carries seven of the forty-odd.
+
+Nothing else is rewritten; every other kept line is the library's own.
 """
 
 from __future__ import annotations
@@ -13,13 +18,26 @@ import functools
 import re
 from importlib import resources
 
-__all__ = ["SCRIPTS", "script_sources", "shake"]
+__all__ = ["SCRIPTS", "inline_constants", "script_sources", "shake"]
 
 SCRIPTS = ("gate", "record", "admit", "status", "reset", "configure")
 
 _DEFINITION = re.compile(r"local\s+(?:function\s+)?([\w\s,]+?)\s*(?:=|\(|--|$)")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
+_HEADER = re.compile(r"\A--\[\[.*?--\]\]\n", re.DOTALL)  # the library's own description
+# A constant's declaration (with the comment lines above it): one name, one literal, an
+# optional comment, nothing else.
+_CONSTANT = re.compile(
+    r"^(?:--[^\n]*\n)*local ([A-Z][A-Z0-9_]*) = "
+    r"(-?\d+(?:\.\d+)?(?:e-?\d+)?|'[^'\\\n]*')[ \t]*(?:--[^\n]*)?\n",
+    re.MULTILINE,
+)
+# What a name could be mistaken for: comments, strings, names after '.' or ':' (fields).
+_TOKEN = re.compile(
+    r"--\[\[.*?\]\]|--[^\n]*|'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|[.:]?[A-Za-z_]\w*",
+    re.DOTALL,
+)
 
 
 def _names(lua: str) -> set[str]:
@@ -55,8 +73,24 @@ def shake(lib: str, body: str) -> str:
     return "\n".join([*reversed(kept), body])
 
 
+def inline_constants(lib: str, *bodies: str) -> list[str]:
+    """``lib`` without its constants' declarations, then each body: their uses made literals."""
+    constants = {
+        name: f"({value})" if value.startswith("-") else value  # no '--' after a '-'
+        for name, value in _CONSTANT.findall(lib)
+    }
+
+    def literal(token: re.Match[str]) -> str:
+        return constants.get(token[0], token[0])
+
+    return [_TOKEN.sub(literal, text) for text in (_CONSTANT.sub("", lib), *bodies)]
+
+
 @functools.cache
 def script_sources() -> dict[str, str]:
     folder = resources.files(__package__) / "lua"
-    lib = (folder / "_lib.lua").read_text("utf-8")
-    return {name: shake(lib, (folder / f"{name}.lua").read_text("utf-8")) for name in SCRIPTS}
+    lib, *bodies = inline_constants(
+        _HEADER.sub("", (folder / "_lib.lua").read_text("utf-8")),
+        *((folder / f"{name}.lua").read_text("utf-8") for name in SCRIPTS),
+    )
+    return {name: shake(lib, body) for name, body in zip(SCRIPTS, bodies, strict=True)}

@@ -8,8 +8,10 @@ from the same libm, so the results are bit-identical to the core's (the differen
 reads the state back from Redis and compares it field by field).
 
 Redis runs a script's whole chunk on every EVALSHA, and each function definition costs a
-closure then; so the loader (redis_scripts.py) keeps only the top-level definitions an
-operation uses. Keep every definition a top-level 'local' statement.
+closure then, more for each outer local it captures; so the loader (redis_scripts.py) writes
+the constants below into the code as literals (keep each one 'local NAME = <literal>' on its
+own line) and keeps only the top-level definitions an operation uses. Keep every definition
+a top-level 'local' statement.
 
 State. Each identity is one string key, <prefix>:{<key>}, holding the core's state objects
 as little-endian IEEE doubles (struct.pack): a velocity block, then a bucket block, each only
@@ -38,14 +40,18 @@ local SLOT_SECONDS = 5.0
 local SLOTS = 13
 local WINDOW_SECONDS = 60.0
 local MINUTE = 60.0
-local LN2 = math.log(2.0)
-local MANUAL, LOOP, COLD = 1, 2, 3
+local LN2 = 0.69314718055994529 -- math.log(2.0), to the last bit
+local MANUAL = 1 -- trip reasons
+local LOOP = 2
+local COLD = 3
 local FULL = -1.0
 local EPSILON = 1e-6 -- bucket.py: float resolution of timestamps near 1.7e9
 -- struct formats: little-endian doubles; literals, as building them costs on every call
 local V_FORMAT = '<dddddddddddddddddddddddddddddddddddddddddddd' -- 44: velocity block
 local B_FORMAT = '<dddddddd' -- 8: bucket block
-local V_SIZE, B_SIZE = 352, 64 -- bytes of each block
+local OPEN_FORMAT = '<ddddddddddd' -- 11: the velocity block up to open_until (the gate's)
+local V_SIZE = 352 -- bytes of the velocity block
+local B_SIZE = 64 -- bytes of the bucket block
 local VP_FORMAT = '<dddddddddd' -- 10: velocity policy
 local BP_FORMAT = '<dddd' -- 4: bucket policy
 
