@@ -8,6 +8,13 @@ The same request goes through an unguarded ``httpx.Client`` and through ``FuseTr
 ``MemoryStore`` and on ``RedisStore``, interleaved call by call so that machine noise hits every
 case alike. Reported: the latency percentiles of each case and what the guard adds to them
 (guarded minus unguarded, same percentile), and the streaming throughput as a ratio.
+
+    python benchmarks/bench_transport.py --in-process [--rounds 30]
+
+measures the same two bodies over ``httpx.MockTransport`` instead: no server, no sockets, so
+what is left is the CPU time the guard adds (MemoryStore), per call and per stream, without
+the network's noise. Reported: the median over rounds of (guarded - unguarded), and the
+difference of the fastest rounds.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -112,15 +119,73 @@ def timed(call: Callable[[], object]) -> float:
     return (time.perf_counter_ns() - start) / 1e6  # ms
 
 
+class _Events(httpx.SyncByteStream):
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(_EVENTS)
+
+
+def _mock_handler(request: httpx.Request) -> httpx.Response:
+    if b'"stream": true' in request.content:
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=_Events())
+    headers = {"content-type": "application/json"}
+    return httpx.Response(200, headers=headers, stream=httpx.ByteStream(_BODY))
+
+
+def in_process(rounds: int) -> None:
+    mock = httpx.MockTransport(_mock_handler)
+    guarded = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY))
+    clients = {
+        "unguarded": httpx.Client(headers=HEADERS, transport=mock),
+        "guarded": httpx.Client(headers=HEADERS, transport=guarded),
+    }
+    url = "http://127.0.0.1:8000/v1/chat/completions"
+
+    def call(client: httpx.Client) -> None:
+        client.post(url, content=b'{"model": "stub"}').read()
+
+    def stream(client: httpx.Client) -> None:
+        with client.stream("POST", url, content=b'{"stream": true}') as response:
+            for _ in response.iter_bytes():
+                pass
+
+    cases = {"JSON call": (call, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (stream, 3)}
+    print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us)\n")
+    print("| body | unguarded | guarded | added (median of rounds) | added (fastest rounds) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (run, batch) in cases.items():
+        for client in clients.values():  # warm up
+            for _ in range(batch * 5):
+                run(client)
+        times: dict[str, list[float]] = {case: [] for case in clients}
+        for _ in range(rounds):
+            for case, client in clients.items():
+                start = time.perf_counter_ns()
+                for _ in range(batch):
+                    run(client)
+                times[case].append((time.perf_counter_ns() - start) / batch / 1e3)
+        plain, guard = times["unguarded"], times["guarded"]
+        added = statistics.median(g - p for g, p in zip(guard, plain, strict=True))
+        print(
+            f"| {name} | {statistics.median(plain):,.1f} | {statistics.median(guard):,.1f} "
+            f"| {added:+,.1f} | {min(guard) - min(plain):+,.1f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--calls", type=int, default=2_000)
     parser.add_argument("--streams", type=int, default=30)
+    parser.add_argument("--in-process", action="store_true")
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
+        return
+    if args.in_process:
+        in_process(args.rounds)
         return
 
     process, url = start_server()

@@ -27,6 +27,7 @@ __all__ = ["Identify", "KeyOption", "credential_of", "current_scope", "scope"]
 KeyOption: TypeAlias = "str | Identity | Callable[[Any], str | Identity | None] | None"
 
 _API_KEY_HEADERS = (b"x-api-key", b"api-key", b"x-goog-api-key")
+_CREDENTIAL_HEADERS = frozenset((b"authorization", *_API_KEY_HEADERS))
 _CACHE_SIZE = 1024
 
 _scope: ContextVar[Identity | None] = ContextVar("tokenfuse_scope", default=None)
@@ -59,15 +60,22 @@ def current_scope() -> Identity | None:
 
 
 def credential_of(headers: Any, params: Mapping[str, str] | None = None) -> str | None:
-    """The API credential among ``headers`` (an httpx ``Headers``) or the ``key`` query param.
+    """The API credential among ``headers`` (an httpx ``Headers``) or the ``key`` query param."""
+    secret = _header_credential(headers)
+    if secret is None and params is not None:
+        secret = _param_credential(params)
+    return secret
 
-    One pass over the raw header list: cheaper than a case-insensitive lookup per name.
-    """
+
+def _header_credential(headers: Any) -> str | None:
+    # One pass over the raw header list: cheaper than a case-insensitive lookup per name.
     found: dict[bytes, bytes] = {}
     for name, value in headers.raw:
         lowered = name.lower()
-        if lowered == b"authorization" or lowered in _API_KEY_HEADERS:
+        if lowered in _CREDENTIAL_HEADERS:
             found.setdefault(lowered, value)
+    if not found:
+        return None
     authorization = found.get(b"authorization")
     if authorization:
         secret = _from_authorization(authorization.decode("latin-1"))
@@ -77,7 +85,11 @@ def credential_of(headers: Any, params: Mapping[str, str] | None = None) -> str 
         value = found.get(name)
         if value and value.strip():
             return value.decode("latin-1").strip()
-    key = params.get("key") if params is not None else None
+    return None
+
+
+def _param_credential(params: Mapping[str, str]) -> str | None:
+    key = params.get("key")
     return key.strip() or None if key else None
 
 
@@ -121,7 +133,7 @@ class Identify:
 
     def __call__(self, request: Any) -> Identity:
         options = request.extensions.get("tokenfuse")
-        if isinstance(options, Mapping):
+        if options is not None and isinstance(options, Mapping):  # None: skip the ABC check
             asked = options.get("key")
             if isinstance(asked, (str, Identity)):
                 return Identity.of(asked)
@@ -135,7 +147,9 @@ class Identify:
             if chosen is not None:
                 return Identity.of(chosen)
         url = request.url
-        secret = credential_of(request.headers, url.params if url.query else None)
+        secret = _header_credential(request.headers)
+        if secret is None and url.query:  # the query is parsed only when it may be needed
+            secret = _param_credential(url.params)
         if secret is not None:
             return _secret_identity(secret)
         return Identity.named(f"host:{url.host or 'unknown'}")

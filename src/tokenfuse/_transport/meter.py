@@ -7,16 +7,20 @@ call that records the amount differs between them, and it lives in their thin sh
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._events import logger
 from .._fuse import Decision
 from .._identity import Identity
 from .._usage import Usage, UsageReader
+from .._usage.readers import FixedReader, FramedReader, GuardedReader
 
 __all__ = ["FuseReport", "Meter", "log_once"]
 
 _MAX_LOGGED = 256
+# Readers whose `feed` never raises and may go on being fed after `finish`.
+_CONTAINED: frozenset[type] = frozenset({FramedReader, FixedReader, GuardedReader})
 _UNKNOWN = "unknown"
 _logged: set[tuple[str, str]] = set()
 
@@ -120,6 +124,14 @@ class Meter:
             reader.feed(chunk)
         except Exception as exc:
             self.fail(exc)
+
+    def feeder(self) -> Callable[[bytes], None]:
+        """``feed``, or the reader's own ``feed`` when that cannot raise (the built-in readers
+        contain their failures): a stream calls it for every chunk, one call layer less."""
+        reader = self._reader
+        if reader is not None and type(reader) in _CONTAINED:
+            return reader.feed
+        return self.feed
 
     def finish(self, *, complete: bool) -> float | None:
         """End the reading: the amount to record, or None (nothing to record, or done before)."""

@@ -1,7 +1,8 @@
 """Response streams that show every chunk to a ``Meter`` and pass it on at once.
 
 A chunk is handed to the reader and yielded in the same step: nothing is buffered, nothing
-waits for the next chunk. The usage is settled (read and recorded) exactly once:
+waits for the next chunk (the built-in readers look at what they are handed a few KiB at a
+time, which costs the stream nothing). The usage is settled (read and recorded) exactly once:
 
 * when the inner stream is exhausted: complete;
 * when it raises (a dropped connection): what was seen, partial, then the error goes on;
@@ -44,7 +45,7 @@ class MeteredStream:
         self._settle = settle
 
     def __iter__(self) -> Iterator[bytes]:
-        feed = self._meter.feed
+        feed = self._meter.feeder()
         try:
             for chunk in self._inner:
                 feed(chunk)
@@ -72,7 +73,7 @@ class AsyncMeteredStream:
         self._settle = settle
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        feed = self._meter.feed
+        feed = self._meter.feeder()
         try:
             async for chunk in self._inner:
                 feed(chunk)

@@ -15,7 +15,7 @@ call the inner transport and the store.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,8 +24,9 @@ from .._events import logger
 from .._fuse import Decision, Fuse, default_fuse
 from .._identity import Identity
 from .._stores.base import AsyncStore, SyncStore
-from .._usage import ExtractorRegistry, default_registry
-from .compat import Flavor, flavor_of
+from .._usage import ExtractorRegistry, UsageReader, default_registry
+from .._usage.registry import ResponseHead
+from .compat import Flavor, body_if_read, flavor_of, header_dict
 from .identity import Identify, KeyOption
 from .meter import FuseReport, Meter
 from .refusal import for_sdks
@@ -91,7 +92,7 @@ class _WithoutEncoding(Mapping[str, str]):
 class _Guard:
     """What both transports share: identity, gate verdicts, readers, reports."""
 
-    __slots__ = ("estimate", "fuse", "identify", "registry")
+    __slots__ = ("_reader_for_head", "estimate", "fuse", "identify", "registry")
 
     def __init__(
         self,
@@ -106,6 +107,12 @@ class _Guard:
         self.identify = Identify(key)
         self.registry = registry if registry is not None else default_registry
         self.estimate = estimate
+        # An ExtractorRegistry (not one that overrides `reader_for`) is handed a light
+        # `ResponseHead` made from the parsed request; any other registry gets `reader_for`.
+        self._reader_for_head: Callable[[ResponseHead], UsageReader | None] | None = None
+        kind = type(self.registry)
+        if issubclass(kind, ExtractorRegistry) and kind.reader_for is ExtractorRegistry.reader_for:
+            self._reader_for_head = self.registry.reader_for_head
 
     @staticmethod
     def check(decision: Decision) -> None:
@@ -115,7 +122,7 @@ class _Guard:
             raise for_sdks(error)
 
     def meter(
-        self, request: Any, response: Any, flavor: Flavor, identity: Identity, gate: Decision
+        self, request: Any, response: Any, identity: Identity, gate: Decision
     ) -> tuple[Meter, bytes | None]:
         """The meter of one response, reported in its extensions, and its body if already read.
 
@@ -124,28 +131,46 @@ class _Guard:
         body is read from memory, where it is already decoded.
         """
         report = FuseReport(identity, gate)
-        body: bytes | None
-        try:
-            body = response.content
-        except flavor.response_not_read:
-            body = None
+        body = body_if_read(response)
         meter = Meter(identity, report, None)
         try:
-            headers = response.headers if body is None else _WithoutEncoding(response.headers)
-            meter.read_with(
-                self.registry.reader_for(
-                    method=request.method,
-                    url=str(request.url),
-                    status_code=response.status_code,
-                    request_headers=request.headers,
-                    response_headers=headers,
-                    estimate=self.estimate,
-                )
-            )
+            meter.read_with(self._reader(request, response, decoded=body is not None))
         except Exception as exc:  # a custom registry: its failure must not break the call
             meter.fail(exc)
         response.extensions[EXTENSION] = report
         return meter, body
+
+    def _reader(self, request: Any, response: Any, *, decoded: bool) -> UsageReader | None:
+        # `decoded`: the client already decoded the body, so its content-encoding is no more.
+        if self._reader_for_head is None:
+            headers = response.headers
+            return self.registry.reader_for(
+                method=request.method,
+                url=str(request.url),
+                status_code=response.status_code,
+                request_headers=request.headers,
+                response_headers=_WithoutEncoding(headers) if decoded else headers,
+                estimate=self.estimate,
+            )
+        headers = header_dict(response.headers)
+        if decoded:
+            headers.pop("content-encoding", None)
+        url = request.url
+        try:
+            head = ResponseHead(
+                method=request.method.upper(),
+                url=url,
+                host=url.raw_host.decode("ascii").lower(),  # as `urlsplit(...).hostname`
+                # Still %-encoded, as sent; "/" for an empty path (no route tells them apart).
+                path=url.raw_path.decode("ascii").partition("?")[0],
+                status_code=int(response.status_code),
+                request_headers=request.headers,
+                response_headers=headers,
+                estimate=self.estimate,
+            )
+        except Exception:
+            return None  # as `reader_for` does with a response it cannot describe
+        return self._reader_for_head(head)
 
 
 def _record_failed(exc: Exception) -> None:
@@ -216,7 +241,7 @@ class FuseTransport(_SyncBase):
         gate = self.fuse.gate(identity)
         guard.check(gate)
         response = self._inner_for(flavor).handle_request(request)
-        meter, body = guard.meter(request, response, flavor, identity, gate)
+        meter, body = guard.meter(request, response, identity, gate)
         if body is not None or not meter.reading:
             if body is not None:
                 meter.feed(body)
@@ -300,7 +325,7 @@ class AsyncFuseTransport(_AsyncBase):
         gate = await self.fuse.agate(identity)
         guard.check(gate)
         response = await self._inner_for(flavor).handle_async_request(request)
-        meter, body = guard.meter(request, response, flavor, identity, gate)
+        meter, body = guard.meter(request, response, identity, gate)
         if body is not None or not meter.reading:
             if body is not None:
                 meter.feed(body)

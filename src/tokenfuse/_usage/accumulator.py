@@ -32,6 +32,7 @@ class Accumulator:
         "_pending",
         "_scanner",
         "_shape",
+        "_valued_at",
         "chars",
         "counts",
         "cut",
@@ -58,8 +59,9 @@ class Accumulator:
         self._fields = shape.fields
         self._end_events = shape.end_events
         self._end_keys = shape.end_keys
-        self._markers = (b"error", *shape.end_events, *shape.end_keys)
-        self._scanner = scanner_for(shape)
+        self._scanner = scanner = scanner_for(shape)
+        self._markers = scanner.markers
+        self._valued_at = scanner.valued_at  # bound once: it runs on every batch of chunks
         self.provider = provider
         self.estimate = estimate and shape.count_text is not None
         self.http_error = http_error
@@ -82,18 +84,25 @@ class Accumulator:
         self.cut = True
         self.note(problem)
 
-    def worth_reading(self, region: bytes) -> bool:
-        """Whether a run of complete stream records may matter at all: the hot-path test.
+    def first_of_interest(self, region: bytes) -> int:
+        """Where the first thing in a run of stream records that may matter starts (-1: none).
 
-        Most stream events carry text only; a few C-level searches over the whole run let the
-        framer skip them without looking at a single line. `[DONE]` can only end a stream.
+        The hot-path test. Most stream events carry text only; a few C-level searches over a
+        run of them let the framer skip them without looking at a single line, and read the
+        rest from the record this points into. A hit where nothing matters costs only time
+        (that record is read and found empty), so the searches may be loose.
         """
-        if self.estimate or region.rstrip().endswith(b"[DONE]"):
-            return True
+        if self.estimate:
+            return 0
+        first = -1
         for marker in self._markers:
-            if region.find(marker) >= 0:  # find, not `in`: bytes.__contains__ tries int first
-                return True
-        return self._scanner.has_value(region)
+            at = region.find(marker)  # find, not `in`: bytes.__contains__ tries int first
+            if at >= 0 and (first < 0 or at < first):
+                first = at
+        valued = self._valued_at(region)
+        if valued >= 0 and (first < 0 or valued < first):
+            first = valued
+        return first
 
     def event(self, name: bytes, data: bytes) -> None:
         """One SSE event or eventstream message."""
@@ -199,12 +208,22 @@ class Accumulator:
         return Usage.unknown(self.provider, self.problem or "", partial=partial)
 
     def _sum(self, fields: tuple[str, ...]) -> float | None:
-        values = [self.counts[f] for f in fields if f in self.counts]
-        return sum(values) if values else None
+        # A plain loop: this runs for every response, and building a list to sum costs more
+        # than the few additions. Added from 0.0 on, in order, as `sum` does.
+        counts = self.counts
+        found: float | None = None
+        for field in fields:
+            if field in counts:
+                found = (0.0 if found is None else found) + counts[field]
+        return found
 
     def _combine(self, partial: bool) -> Usage:
         counts, shape = self.counts, self._shape
-        total = next((counts[f] for f in shape.total if f in counts), None)
+        total = None
+        for field in shape.total:
+            if field in counts:
+                total = counts[field]
+                break
         input_, output = self._sum(shape.input), self._sum(shape.output)
         problem = None
         if total is None:

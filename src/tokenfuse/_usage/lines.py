@@ -17,21 +17,24 @@ MAX_RECORD = 1024 * 1024  # a longer event or line is dropped: no usage payload 
 class RecordFramer:
     """Hands each run of complete records to `_records` as chunks arrive; bounded memory.
 
-    Records are not split one by one here, so that a subclass can skip a whole run that holds
-    nothing of interest: on the hot path a chunk costs a few C-level bytes operations.
+    Records are not split one by one here: a run is read from the first record that may
+    matter (`Accumulator.first_of_interest`), and one in which nothing does is skipped whole.
+    On the hot path a chunk costs a few C-level bytes operations and no copy.
     """
 
-    __slots__ = ("_buf", "_dropping", "_sink", "_skip_lf")
+    __slots__ = ("_buf", "_dropping", "_first_of_interest", "_sink", "_skip_lf")
 
     SEPARATOR = b"\n"
 
     def __init__(self, sink: Accumulator) -> None:
         self._sink = sink
+        self._first_of_interest = sink.first_of_interest  # bound once: it runs on every chunk
         self._buf = bytearray()  # the unfinished last record
         self._skip_lf = False  # the previous chunk ended with CR: a leading LF completes a CRLF
         self._dropping = False  # the unfinished record outgrew the bound: discard up to its end
 
     def _records(self, region: bytes) -> None:
+        """Read a run of complete records."""
         raise NotImplementedError
 
     def _overflow(self) -> None:
@@ -41,13 +44,17 @@ class RecordFramer:
         if self._skip_lf or chunk.find(b"\r") >= 0:  # find is cheaper than `in` on bytes
             chunk = self._normalise(chunk)
         sep = self.SEPARATOR
+        if chunk.endswith(sep) and not self._buf and not self._dropping:
+            # The hot path: nothing buffered, and the chunk is whole records. (A chunk that is
+            # just a separator reads as an empty run: nothing.)
+            self._read(chunk, len(chunk) - len(sep))
+            return
         end = chunk.rfind(sep)
         if end > 0 and not self._buf and not self._dropping:
-            # The common case: nothing buffered, and the chunk ends one or more records.
-            self._records(chunk[:end])
-            if end + len(sep) < len(chunk):
-                self._buf += chunk[end + len(sep) :]
-                self._bound()
+            # Nothing buffered, and the chunk ends one or more records, then starts another.
+            self._read(chunk[:end], end)
+            self._buf += chunk[end + len(sep) :]
+            self._bound()
             return
         buf = self._buf
         width = len(sep) - 1  # bytes of a separator that may straddle the buffer and the chunk
@@ -66,15 +73,30 @@ class RecordFramer:
             first = region.find(sep)  # the end of the dropped record
             region = region[first + len(sep) :] if first >= 0 else b""
         if region:
-            self._records(region)
+            self._read(region, len(region))
         self._bound()
 
     def close(self, complete: bool) -> None:
         # A stream that ended normally may omit the final separator; after an early close the
         # unfinished record is probably cut short, so it is not read (nor called malformed).
         if complete and self._buf and not self._dropping:
-            self._records(bytes(self._buf))
+            region = bytes(self._buf)
+            self._read(region, len(region))
         self._buf.clear()
+
+    def _read(self, data: bytes, end: int) -> None:
+        """Read the records in ``data[:end]`` from the first one that may matter.
+
+        What follows ``end`` in ``data`` is a separator at most: it is searched along with the
+        records (it cannot hide anything from the search), which spares copying a run that is
+        skipped. The records before the first match hold nothing to read.
+        """
+        first = self._first_of_interest(data)
+        if first < 0 or first >= end:
+            return
+        sep = self.SEPARATOR
+        cut = data.rfind(sep, 0, first)  # the end of the record before the one matched
+        self._records(data[cut + len(sep) if cut >= 0 else 0 : end])
 
     def _normalise(self, chunk: bytes) -> bytes:
         if self._skip_lf:
@@ -101,8 +123,6 @@ class NdjsonFramer(RecordFramer):
     __slots__ = ()
 
     def _records(self, region: bytes) -> None:
-        if not self._sink.worth_reading(region):
-            return
         for line in region.split(b"\n"):
             line = line.strip()
             if len(line) > MAX_RECORD:

@@ -118,19 +118,18 @@ class UsageShape:
         return self.input + self.output + self.total
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseInfo:
-    """One response as an extractor sees it, before its body: header names are lower-case."""
+class ResponseFacts:
+    """What the built-in readers look at in a response: `ResponseInfo`, or the transport's
+    lighter `ResponseHead` (header lookups by lower-case name)."""
+
+    __slots__ = ()
 
     method: str  # upper-case
-    url: str
     host: str  # lower-case, without port
     path: str
-    query: str
     status_code: int
-    request_headers: Mapping[str, str]
     response_headers: Mapping[str, str]
-    estimate: bool = False
+    estimate: bool
 
     @property
     def content_type(self) -> str:
@@ -144,6 +143,21 @@ class ResponseInfo:
     @property
     def ok(self) -> bool:
         return 200 <= self.status_code < 300
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseInfo(ResponseFacts):
+    """One response as an extractor sees it, before its body: header names are lower-case."""
+
+    method: str  # upper-case
+    url: str
+    host: str  # lower-case, without port
+    path: str
+    query: str
+    status_code: int
+    request_headers: Mapping[str, str]
+    response_headers: Mapping[str, str]
+    estimate: bool = False
 
 
 class UsageReader(Protocol):

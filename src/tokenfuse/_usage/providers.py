@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from .model import ResponseInfo, Usage, UsageReader, UsageShape, header_count
+from .model import ResponseFacts, Usage, UsageReader, UsageShape, header_count
 from .readers import FixedReader, endpoint_reader
 
 
@@ -166,12 +166,32 @@ HOSTS = {
 }
 
 
-def host_provider(info: ResponseInfo, default: str) -> str:
-    host = info.host
-    while host:
-        if host in HOSTS:
-            return HOSTS[host]
-        host = host.partition(".")[2]
+_CACHE_SIZE = 1024  # distinct hosts and paths remembered; past it, the memory starts over
+_hosts: dict[str, str | None] = {}
+
+
+def _known_host(host: str) -> str | None:
+    """The provider of `host` or of a parent domain in `HOSTS`; remembered per host."""
+    try:
+        return _hosts[host]
+    except KeyError:
+        pass
+    name, found = host, None
+    while name:
+        if name in HOSTS:
+            found = HOSTS[name]
+            break
+        name = name.partition(".")[2]
+    if len(_hosts) >= _CACHE_SIZE:
+        _hosts.clear()
+    _hosts[host] = found
+    return found
+
+
+def host_provider(info: ResponseFacts, default: str) -> str:
+    found = _known_host(info.host)
+    if found is not None:
+        return found
     if info.path.startswith("/openai/deployments/"):
         return "azure"  # Azure OpenAI behind a custom domain or gateway
     return default
@@ -185,12 +205,30 @@ def _header_usage(headers: Mapping[str, str]) -> Usage | None:
     return Usage(total=input_ + output, input=input_, output=output, provider="bedrock")
 
 
-def builtin_reader(info: ResponseInfo) -> UsageReader | None:
+_routes: dict[str, Route | None] = {}
+
+
+def route_for(path: str) -> Route | None:
+    """The first route whose pattern is in `path`, or None.
+
+    A client calls few distinct paths, each many times: remember the answer rather than try
+    up to every pattern (one regex search each) on every call.
+    """
+    try:
+        return _routes[path]
+    except KeyError:
+        pass
+    found = next((route for route in ROUTES if route.pattern.search(path)), None)
+    if len(_routes) >= _CACHE_SIZE:
+        _routes.clear()  # paths with ids in them must not grow memory
+    _routes[path] = found
+    return found
+
+
+def builtin_reader(info: ResponseFacts) -> UsageReader | None:
     """The reader for a response from any built-in provider, or the generic `usage` reader."""
-    for route in ROUTES:
-        if route.pattern.search(info.path):
-            break
-    else:
+    route = route_for(info.path)
+    if route is None:
         return endpoint_reader(info, GENERIC, host_provider(info, "generic"), sniff=False)
     provider = route.provider or host_provider(info, "openai-compatible")
     if route.header_counts and info.ok and info.method == "POST":

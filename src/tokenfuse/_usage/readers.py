@@ -14,7 +14,7 @@ from .decoding import BodyDecoder, UnsupportedEncoding, make_decoder
 from .eventstream import EventStreamFramer
 from .jsonbody import JsonBodyFramer
 from .lines import NdjsonFramer
-from .model import ResponseInfo, Usage, UsageReader, UsageShape
+from .model import ResponseFacts, Usage, UsageReader, UsageShape
 from .sse import SseFramer
 
 INTERNAL_ERROR = "internal error while reading usage"
@@ -108,27 +108,58 @@ class DecodingFramer:
         self._inner.close(complete)
 
 
+#: Body bytes collected before the framer sees them. A stream chunk is mostly one small event
+#: (100-500 bytes), and searching a few KiB at once for anything worth reading costs about as
+#: much as searching one chunk: handing chunks over in batches divides that work, and the
+#: framers do not depend on where chunks begin and end. Bounded, so memory stays small.
+BATCH = 4 * 1024
+
+
 class FramedReader:
     """The standard reader. Exceptions are caught here, once, so that a bug in a framer can
     never break the caller's response; they end reading with a problem."""
 
-    __slots__ = ("_acc", "_feed", "_framer", "_result")
+    __slots__ = ("_acc", "_batch", "_batched", "_feed", "_framer", "_result")
 
     def __init__(self, framer: Framer, acc: Accumulator) -> None:
         self._framer = framer
         self._acc = acc
-        self._feed: Callable[[bytes], None] = framer.feed  # one call per chunk on the hot path
+        self._feed: Callable[[bytes], None] = framer.feed
+        self._batch: list[bytes] = []  # chunks not yet handed to the framer
+        self._batched = 0  # their length
         self._result: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
+        # The hot path, once per chunk: no more than remembering it.
         try:
-            self._feed(chunk)
+            self._batch.append(chunk)
+            self._batched += len(chunk)
         except Exception:
-            self._feed = _ignore
-            self._acc.stop(INTERNAL_ERROR)
+            self._fail()
+            return
+        if self._batched >= BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        batch = self._batch
+        if not batch:
+            return
+        try:
+            data = b"".join(batch)
+            batch.clear()
+            self._batched = 0
+            self._feed(data)
+        except Exception:
+            self._fail()
+
+    def _fail(self) -> None:
+        self._feed = _ignore
+        self._batch.clear()
+        self._acc.stop(INTERNAL_ERROR)
 
     def finish(self, *, complete: bool) -> Usage:
         if self._result is None:
+            self._flush()
             try:
                 # A body we stopped reading is as incomplete as one the client closed early.
                 self._framer.close(complete and not self._acc.cut)
@@ -186,7 +217,7 @@ class GuardedReader:
 
 
 def shape_reader(
-    info: ResponseInfo, shape: UsageShape, provider: str, *, sniff: bool = True
+    info: ResponseFacts, shape: UsageShape, provider: str, *, sniff: bool = True
 ) -> UsageReader | None:
     """The reader for a response whose usage has `shape`.
 
@@ -216,7 +247,7 @@ def shape_reader(
 
 
 def endpoint_reader(
-    info: ResponseInfo,
+    info: ResponseFacts,
     shape: UsageShape | None,
     provider: str,
     *,

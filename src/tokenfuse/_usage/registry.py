@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from .model import ResponseInfo, UsageReader, UsageShape
+from .model import ResponseFacts, ResponseInfo, UsageReader, UsageShape
 from .providers import builtin_reader
 from .readers import GuardedReader, endpoint_reader
 
@@ -81,6 +81,58 @@ def response_info(
     )
 
 
+class ResponseHead(ResponseFacts):
+    """A response as the built-in readers see it, for a caller on a hot path (the transport).
+
+    Only what they look at, taken from what the caller has already parsed: no URL string is
+    built and split again, and the request headers (which no built-in reads) are not copied.
+    ``response_headers`` must answer lookups by lower-case name. `describe` makes the full
+    `ResponseInfo`, normalised as `reader_for` does, for registered extractors.
+    """
+
+    __slots__ = (
+        "estimate",
+        "host",
+        "method",
+        "path",
+        "request_headers",
+        "response_headers",
+        "status_code",
+        "url",
+    )
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        url: object,
+        host: str,
+        path: str,
+        status_code: int,
+        request_headers: Mapping[str, str] | None,
+        response_headers: Mapping[str, str],
+        estimate: bool,
+    ) -> None:
+        self.method = method  # upper-case
+        self.url = url  # anything whose str() is the URL (an httpx URL)
+        self.host = host  # lower-case, without port
+        self.path = path  # as sent, still %-encoded
+        self.status_code = status_code
+        self.request_headers = request_headers
+        self.response_headers = response_headers
+        self.estimate = estimate
+
+    def describe(self) -> ResponseInfo:
+        return response_info(
+            method=self.method,
+            url=str(self.url),
+            status_code=self.status_code,
+            request_headers=self.request_headers,
+            response_headers=self.response_headers,
+            estimate=self.estimate,
+        )
+
+
 class ExtractorRegistry:
     """Picks the usage reader for each response.
 
@@ -122,6 +174,25 @@ class ExtractorRegistry:
             )
         except Exception:
             return None
+        return self.reader_for_info(info)
+
+    def reader_for_head(self, head: ResponseHead) -> UsageReader | None:
+        """`reader_for` for a response described by a `ResponseHead`. The built-ins read the
+        head as it is; the full `ResponseInfo` is made only when extractors are registered."""
+        if self._extractors:
+            try:
+                info = head.describe()
+            except Exception:
+                return None
+            return self.reader_for_info(info)
+        try:
+            return builtin_reader(head)
+        except Exception:
+            return None
+
+    def reader_for_info(self, info: ResponseInfo) -> UsageReader | None:
+        """`reader_for` with the response already described: the extractors, then the
+        built-ins."""
         for extractor in tuple(self._extractors):
             try:
                 reader = extractor.reader_for(info)

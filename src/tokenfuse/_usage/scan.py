@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from functools import lru_cache
 from json import JSONDecoder
 
 from .model import UsageShape
@@ -48,9 +47,12 @@ def value_after(data: bytes, at: int) -> object:
 class UsageScanner:
     """Finds the usage objects of one `UsageShape` in raw JSON bytes, last first."""
 
-    __slots__ = ("_containers", "_fields", "_valued")
+    __slots__ = ("_containers", "_fields", "_nulls", "_valued", "markers")
 
     def __init__(self, shape: UsageShape) -> None:
+        #: What else makes a stream record worth reading: an error, or the end of the stream
+        #: (`[DONE]` of OpenAI-style streams, the shape's end events and keys).
+        self.markers = (b"error", b"[DONE]", *shape.end_events, *shape.end_keys)
         self._containers = tuple(dict.fromkeys(_quoted(p[-1]) for p in shape.containers if p))
         root = () in shape.containers
         self._fields = tuple((f, _quoted(f)) for f in shape.fields) if root else ()
@@ -61,10 +63,33 @@ class UsageScanner:
         keys = self._containers or tuple(key for _, key in self._fields)
         alternatives = b"|".join(re.escape(key) for key in keys)
         self._valued = re.compile(b"(?:%s)[ \t\r\n]*:[ \t\r\n]*(?![ \t\r\nn])" % alternatives)
+        self._nulls = tuple((key, key + b":null", key + b": null") for key in keys)
 
     def has_value(self, data: bytes) -> bool:
         """Whether `data` holds a usage key with a non-null value (maybe a usage object)."""
         return self._valued.search(data) is not None
+
+    def valued_at(self, data: bytes) -> int:
+        """Where the first usage key with a non-null value starts in `data` (-1: none).
+
+        The same answer as the regex of `has_value`, for runs of many stream events. When each
+        of them repeats `"usage":null`, every key is a place where the regex starts a match
+        and fails: most of its cost. Counting the keys and their null forms (a C-level pass
+        each) settles such runs without it: if some key has a value, the keys outnumber the
+        null forms. (Counts skip overlapping occurrences; an occurrence hidden that way sits
+        behind one that is not null either, so the inequality holds.)
+        """
+        for key, compact, spaced in self._nulls:
+            keys = data.count(key)
+            if not keys:
+                continue
+            nulls = data.count(compact)
+            if nulls != keys:
+                nulls += data.count(spaced)
+            if nulls != keys:
+                valued = self._valued.search(data)
+                return -1 if valued is None else valued.start()
+        return -1
 
     def objects(self, data: bytes) -> Iterator[dict[str, object]]:
         """Candidate usage objects: for each container key, its occurrences from the last one
@@ -88,7 +113,22 @@ class UsageScanner:
             yield node
 
 
-@lru_cache(maxsize=128)
+_CACHE_SIZE = 128
+_scanners: dict[int, tuple[UsageShape, UsageScanner]] = {}
+
+
 def scanner_for(shape: UsageShape) -> UsageScanner:
-    """Shapes are few and immutable: build each scanner (and its regex) once."""
-    return UsageScanner(shape)
+    """Shapes are few and immutable: build each scanner (and its regex) once.
+
+    Looked up by identity, not by value: hashing a shape hashes all its fields, which costs
+    more than the rest of setting up an accumulator. The entry keeps the shape alive, so that
+    its id cannot pass to another one.
+    """
+    entry = _scanners.get(id(shape))
+    if entry is not None and entry[0] is shape:
+        return entry[1]
+    if len(_scanners) >= _CACHE_SIZE:
+        _scanners.clear()
+    scanner = UsageScanner(shape)
+    _scanners[id(shape)] = (shape, scanner)
+    return scanner

@@ -21,8 +21,6 @@ class SseFramer(RecordFramer):
     SEPARATOR = b"\n\n"
 
     def _records(self, region: bytes) -> None:
-        if not self._sink.worth_reading(region):
-            return
         for block in region.split(b"\n\n"):
             if len(block) > MAX_RECORD:
                 self._overflow()
