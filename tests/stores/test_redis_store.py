@@ -197,3 +197,24 @@ def test_each_script_defines_only_what_it_uses() -> None:
     assert "local function consume" in sources["admit"]
     for name, source in sources.items():
         assert source.count("local function clock(") <= 1, name
+
+
+def test_a_fuse_over_a_one_face_store_refuses_the_other_face_clearly() -> None:
+    import redis.asyncio
+
+    from tokenfuse import AsyncFuseTransport, Fuse, FuseTransport, TokenFuseWSGI
+
+    async_only = Fuse(RedisStore(redis.asyncio.Redis()))
+    sync_only = Fuse(RedisStore(redis.Redis()))
+    assert async_only.has_async
+    assert not async_only.has_sync
+    assert sync_only.has_sync
+    assert not sync_only.has_async
+    with pytest.raises(ConfigurationError, match="async-only"):
+        FuseTransport(fuse=async_only)
+    with pytest.raises(ConfigurationError, match="sync-only"):
+        AsyncFuseTransport(fuse=sync_only)
+    with pytest.raises(ConfigurationError, match="async-only"):
+        TokenFuseWSGI(lambda environ, start: [], fuse=async_only)
+    with pytest.raises(ConfigurationError, match="async-only"):
+        async_only.record("k", 1)  # a clear error, not a silent fail-open

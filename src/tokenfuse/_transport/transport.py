@@ -23,7 +23,6 @@ from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Decision, Fuse, default_fuse
 from .._identity import Identity
-from .._stores.base import AsyncStore, SyncStore
 from .._usage import ExtractorRegistry, UsageReader, default_registry
 from .._usage.registry import ResponseHead
 from .compat import Flavor, body_if_read, flavor_of, header_dict
@@ -213,7 +212,7 @@ class FuseTransport(_SyncBase):
         estimate: bool = False,
     ) -> None:
         fuse = fuse if fuse is not None else default_fuse()
-        if not isinstance(fuse.store, SyncStore):
+        if not fuse.has_sync:
             raise ConfigurationError(
                 f"{fuse.store!r} is async-only: use AsyncFuseTransport with an async client"
             )
@@ -298,7 +297,7 @@ class AsyncFuseTransport(_AsyncBase):
         estimate: bool = False,
     ) -> None:
         fuse = fuse if fuse is not None else default_fuse()
-        if not isinstance(fuse.store, AsyncStore):
+        if not fuse.has_async:
             raise ConfigurationError(
                 f"{fuse.store!r} is sync-only: use FuseTransport with a sync client"
             )
