@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .._core import bucket as _bucket
+from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict
-from .._core.bucket import BucketPolicy
-from .._core.velocity import VelocityPolicy, VelocitySnapshot, VelocityVerdict
+from .._core.bucket import BucketPolicy, BucketState
+from .._core.velocity import VelocityPolicy, VelocitySnapshot, VelocityState, VelocityVerdict
 
 __all__ = [
     "UNSET",
@@ -29,6 +31,7 @@ __all__ = [
     "SyncStore",
     "Unset",
     "async_face",
+    "key_status",
     "sync_face",
 ]
 
@@ -58,6 +61,23 @@ class KeyStatus:
     bucket_level: float | None  # None: no bucket yet (a first call finds it full)
     bucket_capacity: float | None
     bucket_rate: float | None
+
+
+def key_status(
+    velocity_state: VelocityState | None,
+    bucket_state: BucketState | None,
+    now: float,
+    velocity: VelocityPolicy,
+    bucket: BucketPolicy | None,
+) -> KeyStatus:
+    """A key's states viewed through the core: what every store's ``status`` returns."""
+    view = None if velocity_state is None else _velocity.snapshot(velocity_state, now, velocity)
+    if bucket is None:
+        return KeyStatus(view, None, None, None)
+    if bucket_state is None:
+        return KeyStatus(view, None, bucket.capacity, bucket.rate)
+    capacity, rate = _bucket.limits_of(bucket_state, bucket)
+    return KeyStatus(view, _bucket.level(bucket_state, now, capacity, rate), capacity, rate)
 
 
 @runtime_checkable

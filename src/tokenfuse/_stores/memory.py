@@ -14,7 +14,7 @@ from .._core.admission import AdmitVerdict, admit
 from .._core.bucket import BucketPolicy, BucketState
 from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from .base import UNSET, KeyStatus, Unset
+from .base import UNSET, KeyStatus, Unset, key_status
 
 __all__ = ["MemoryStore"]
 
@@ -123,15 +123,7 @@ class MemoryStore:
             entry = self._entries.get(key)
             if entry is None or entry.expires <= now:
                 entry = _Entry()
-            view = None
-            if entry.velocity is not None:
-                view = _velocity.snapshot(entry.velocity, now, velocity)
-            if bucket is None:
-                return KeyStatus(view, None, None, None)
-            if entry.bucket is None:
-                return KeyStatus(view, None, bucket.capacity, bucket.rate)
-            capacity, rate = _bucket.limits_of(entry.bucket, bucket)
-            return KeyStatus(view, _bucket.level(entry.bucket, now, capacity, rate), capacity, rate)
+            return key_status(entry.velocity, entry.bucket, now, velocity, bucket)
 
     def reset(self, key: str) -> None:
         with self._lock:

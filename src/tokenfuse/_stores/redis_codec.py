@@ -14,12 +14,11 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from .._core import bucket as _bucket
-from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
 from .._core.velocity import REASON_CODES, SLOTS, VelocityPolicy, VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
+from . import base
 from .base import KeyStatus, Unset
 
 __all__ = [
@@ -244,10 +243,4 @@ def key_status(
     vstate = velocity_state(numbers[:-1], numbers[-1]) if numbers else None
     numbers = [float(text) for text in reply[2].split()]
     bstate = bucket_state(numbers[:-2], *numbers[-2:]) if numbers else None
-    view = None if vstate is None else _velocity.snapshot(vstate, now, velocity)
-    if bucket is None:
-        return KeyStatus(view, None, None, None)
-    if bstate is None:
-        return KeyStatus(view, None, bucket.capacity, bucket.rate)
-    capacity, rate = _bucket.limits_of(bstate, bucket)
-    return KeyStatus(view, _bucket.level(bstate, now, capacity, rate), capacity, rate)
+    return base.key_status(vstate, bstate, now, velocity, bucket)

@@ -95,11 +95,22 @@ class _Guard:
 
     def __init__(
         self,
-        fuse: Fuse,
+        fuse: Fuse | None,
         key: KeyOption,
         registry: ExtractorRegistry | None,
         estimate: bool,
+        *,
+        sync: bool,
     ) -> None:
+        fuse = fuse if fuse is not None else default_fuse()
+        if sync and not fuse.has_sync:
+            raise ConfigurationError(
+                f"{fuse.store!r} is async-only: use AsyncFuseTransport with an async client"
+            )
+        if not sync and not fuse.has_async:
+            raise ConfigurationError(
+                f"{fuse.store!r} is sync-only: use FuseTransport with a sync client"
+            )
         if fuse.velocity is None:
             raise ConfigurationError("FuseTransport needs a fuse with a velocity policy")
         self.fuse = fuse
@@ -211,13 +222,8 @@ class FuseTransport(_SyncBase):
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
     ) -> None:
-        fuse = fuse if fuse is not None else default_fuse()
-        if not fuse.has_sync:
-            raise ConfigurationError(
-                f"{fuse.store!r} is async-only: use AsyncFuseTransport with an async client"
-            )
-        self.fuse = fuse
-        self._guard = _Guard(fuse, key, registry, estimate)
+        self._guard = _Guard(fuse, key, registry, estimate, sync=True)
+        self.fuse = self._guard.fuse
         self._inner = inner
         self._made: dict[str, _SyncInner] = {}
         self._lock = threading.Lock()
@@ -296,13 +302,8 @@ class AsyncFuseTransport(_AsyncBase):
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
     ) -> None:
-        fuse = fuse if fuse is not None else default_fuse()
-        if not fuse.has_async:
-            raise ConfigurationError(
-                f"{fuse.store!r} is sync-only: use FuseTransport with a sync client"
-            )
-        self.fuse = fuse
-        self._guard = _Guard(fuse, key, registry, estimate)
+        self._guard = _Guard(fuse, key, registry, estimate, sync=False)
+        self.fuse = self._guard.fuse
         self._inner = inner
         self._made: dict[str, _AsyncInner] = {}
 
