@@ -1,5 +1,6 @@
 """The examples run as documented: real servers (uvicorn, Flask's) on free loopback ports, the
-agent script against them. Every process started here is stopped by its own PID."""
+agent script against them. Every process started here is stopped by its own PID, and sees no
+``TOKENFUSE_*`` variable of the caller's environment: each test sets what it means."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.middleware.servers import ROOT, free_port, running
+from tests.middleware.servers import ROOT, child_env, free_port, running
 
 EXAMPLES = {
     "fastapi": ("examples/fastapi_app/app.py", "examples/fastapi_app/agent.py"),
@@ -42,7 +43,7 @@ def agent(name: str, port: int, seconds: float) -> str:
     done = subprocess.run(
         [sys.executable, EXAMPLES[name][1], "--url", f"http://127.0.0.1:{port}",
          "--seconds", str(seconds)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout
 
