@@ -9,8 +9,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -66,26 +64,10 @@ def test_the_example_serves_and_the_agent_sees_429s(name: str) -> None:
     assert "summary of" in output
 
 
-@pytest.fixture
-def example_prefix(redis_url: str) -> Iterator[str]:
-    redis = pytest.importorskip("redis")
-    name = f"tf-mw-example-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
-
-
 @pytest.mark.slow
 @pytest.mark.redis
-def test_both_examples_on_one_redis_contain_an_agent_together(
-    redis_url: str, example_prefix: str
-) -> None:
-    env = {"TOKENFUSE_REDIS_URL": redis_url, "TOKENFUSE_REDIS_PREFIX": example_prefix}
+def test_both_examples_on_one_redis_contain_an_agent_together(redis_url: str, prefix: str) -> None:
+    env = {"TOKENFUSE_REDIS_URL": redis_url, "TOKENFUSE_REDIS_PREFIX": prefix}
     fastapi_port, flask_port = free_port(), free_port()
 
     with (
