@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .._errors import FuseTripped, _rebuild
+from .._errors import FuseTripped, reduce_as
 
 __all__ = ["find_refusal", "for_sdks", "unwrap_refusals"]
 
@@ -47,7 +47,7 @@ def _sdk_bases() -> tuple[type[Exception], ...]:
 def _reduce_as_plain(self: FuseTripped) -> tuple[object, ...]:
     # The mixed class exists only in this process; it pickles as the plain tokenfuse refusal.
     plain: type[FuseTripped] = type(self)._plain  # type: ignore[attr-defined]
-    return (_rebuild, (plain, self.__dict__.copy()))
+    return reduce_as(self, plain)
 
 
 def for_sdks(error: FuseTripped) -> FuseTripped:
