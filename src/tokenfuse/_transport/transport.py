@@ -26,7 +26,7 @@ from .._identity import Identity
 from .._usage import ExtractorRegistry, UsageReader, default_registry
 from .._usage.registry import ResponseHead
 from .compat import Flavor, body_if_read, flavor_of, header_dict
-from .identity import Identify, KeyOption
+from .identity import KeyOption, KeyResolver
 from .meter import FuseReport, Meter
 from .refusal import for_sdks
 from .stream import async_stream_type, sync_stream_type
@@ -114,7 +114,7 @@ class _Guard:
         if fuse.velocity is None:
             raise ConfigurationError("FuseTransport needs a fuse with a velocity policy")
         self.fuse = fuse
-        self.identify = Identify(key)
+        self.identify = KeyResolver(key)
         self.registry = registry if registry is not None else default_registry
         self.estimate = estimate
         # An ExtractorRegistry (not one that overrides `reader_for`) is handed a light
