@@ -38,13 +38,13 @@ __all__ = ["EXTENSION", "AsyncFuseTransport", "FuseTransport"]
 EXTENSION = "tokenfuse"
 
 
-class _SyncInner(Protocol):
+class _InnerTransport(Protocol):
     def handle_request(self, request: Any) -> Any: ...
 
     def close(self) -> None: ...
 
 
-class _AsyncInner(Protocol):
+class _AsyncInnerTransport(Protocol):
     async def handle_async_request(self, request: Any) -> Any: ...
 
     async def aclose(self) -> None: ...
@@ -215,7 +215,7 @@ class FuseTransport(_SyncBase):
 
     def __init__(
         self,
-        inner: _SyncInner | None = None,
+        inner: _InnerTransport | None = None,
         *,
         fuse: Fuse | None = None,
         key: KeyOption = None,
@@ -225,7 +225,7 @@ class FuseTransport(_SyncBase):
         self._guard = _Guard(fuse, key, registry, estimate, sync=True)
         self.fuse = self._guard.fuse
         self._inner = inner
-        self._made: dict[str, _SyncInner] = {}
+        self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
 
     def __enter__(self) -> FuseTransport:
@@ -261,7 +261,7 @@ class FuseTransport(_SyncBase):
         for made in self._made.values():
             made.close()
 
-    def _inner_for(self, flavor: Flavor) -> _SyncInner:
+    def _inner_for(self, flavor: Flavor) -> _InnerTransport:
         if self._inner is not None:
             return self._inner
         made = self._made.get(flavor.name)
@@ -295,7 +295,7 @@ class AsyncFuseTransport(_AsyncBase):
 
     def __init__(
         self,
-        inner: _AsyncInner | None = None,
+        inner: _AsyncInnerTransport | None = None,
         *,
         fuse: Fuse | None = None,
         key: KeyOption = None,
@@ -305,7 +305,7 @@ class AsyncFuseTransport(_AsyncBase):
         self._guard = _Guard(fuse, key, registry, estimate, sync=False)
         self.fuse = self._guard.fuse
         self._inner = inner
-        self._made: dict[str, _AsyncInner] = {}
+        self._made: dict[str, _AsyncInnerTransport] = {}
 
     async def __aenter__(self) -> AsyncFuseTransport:
         return self
@@ -340,7 +340,7 @@ class AsyncFuseTransport(_AsyncBase):
         for made in self._made.values():
             await made.aclose()
 
-    def _inner_for(self, flavor: Flavor) -> _AsyncInner:
+    def _inner_for(self, flavor: Flavor) -> _AsyncInnerTransport:
         if self._inner is not None:
             return self._inner
         made = self._made.get(flavor.name)
