@@ -38,8 +38,8 @@ def log_once(provider: str, problem: str, exc: BaseException | None = None) -> N
     _logged.add(marker)
     logger.log(
         logging.WARNING,
-        "tokenfuse could not count the tokens of a %s response (%s); it is recorded as "
-        "unknown. Further occurrences are not logged.",
+        "tokenfuse could not count the tokens of a response (provider: %s): %s. It is recorded "
+        "as unknown; further occurrences are not logged.",
         provider,
         problem,
         exc_info=exc,
