@@ -14,13 +14,10 @@ from .._events import logger
 from .._fuse import Decision
 from .._identity import Identity
 from .._usage import Usage, UsageReader
-from .._usage.readers import FixedReader, FramedReader, GuardedReader
 
 __all__ = ["FuseReport", "Meter", "log_once"]
 
 _MAX_LOGGED = 256
-# Readers whose `feed` never raises and may go on being fed after `finish`.
-_CONTAINED: frozenset[type] = frozenset({FramedReader, FixedReader, GuardedReader})
 _UNKNOWN = "unknown"
 _logged: set[tuple[str, str]] = set()
 
@@ -126,12 +123,10 @@ class Meter:
             self.fail(exc)
 
     def feeder(self) -> Callable[[bytes], None]:
-        """``feed``, or the reader's own ``feed`` when that cannot raise (the built-in readers
-        contain their failures): a stream calls it for every chunk, one call layer less."""
+        """What a stream calls with every chunk: the reader's own ``feed`` (the usage side's
+        readers never raise), or ``feed`` when there is none, one call layer less."""
         reader = self._reader
-        if reader is not None and type(reader) in _CONTAINED:
-            return reader.feed
-        return self.feed
+        return reader.feed if reader is not None else self.feed
 
     def finish(self, *, complete: bool) -> float | None:
         """End the reading: the amount to record, or None (nothing to record, or done before)."""

@@ -15,7 +15,6 @@ call the inner transport and the store.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,8 +22,13 @@ from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Decision, Fuse, default_fuse
 from .._identity import Identity
-from .._usage import ExtractorRegistry, UsageReader, default_registry
-from .._usage.registry import ResponseHead
+from .._usage import (
+    ExtractorRegistry,
+    ResponseHead,
+    UsageReader,
+    default_registry,
+    reader_for_response,
+)
 from .compat import Flavor, body_if_read, flavor_of, header_dict
 from .identity import KeyOption, KeyResolver
 from .meter import FuseReport, Meter
@@ -68,30 +72,10 @@ else:
     _SyncBase = _AsyncBase = object
 
 
-class _WithoutEncoding(Mapping[str, str]):
-    """Response headers without ``content-encoding``: for a body the client already decoded."""
-
-    __slots__ = ("_headers",)
-
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        self._headers = headers
-
-    def __getitem__(self, name: str) -> str:
-        if name.lower() == "content-encoding":
-            raise KeyError(name)
-        return self._headers[name]
-
-    def __iter__(self) -> Any:
-        return (name for name in self._headers if name.lower() != "content-encoding")
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
 class _Guard:
     """What both transports share: identity, gate verdicts, readers, reports."""
 
-    __slots__ = ("_reader_for_head", "estimate", "fuse", "identify", "registry")
+    __slots__ = ("estimate", "fuse", "identify", "registry")
 
     def __init__(
         self,
@@ -117,12 +101,6 @@ class _Guard:
         self.identify = KeyResolver(key)
         self.registry = registry if registry is not None else default_registry
         self.estimate = estimate
-        # An ExtractorRegistry (not one that overrides `reader_for`) is handed a light
-        # `ResponseHead` made from the parsed request; any other registry gets `reader_for`.
-        self._reader_for_head: Callable[[ResponseHead], UsageReader | None] | None = None
-        kind = type(self.registry)
-        if issubclass(kind, ExtractorRegistry) and kind.reader_for is ExtractorRegistry.reader_for:
-            self._reader_for_head = self.registry.reader_for_head
 
     @staticmethod
     def check(decision: Decision) -> None:
@@ -152,16 +130,6 @@ class _Guard:
 
     def _reader(self, request: Any, response: Any, *, decoded: bool) -> UsageReader | None:
         # `decoded`: the client already decoded the body, so its content-encoding is no more.
-        if self._reader_for_head is None:
-            headers = response.headers
-            return self.registry.reader_for(
-                method=request.method,
-                url=str(request.url),
-                status_code=response.status_code,
-                request_headers=request.headers,
-                response_headers=_WithoutEncoding(headers) if decoded else headers,
-                estimate=self.estimate,
-            )
         headers = header_dict(response.headers)
         if decoded:
             headers.pop("content-encoding", None)
@@ -180,7 +148,7 @@ class _Guard:
             )
         except Exception:
             return None  # as `reader_for` does with a response it cannot describe
-        return self._reader_for_head(head)
+        return reader_for_response(head, self.registry)
 
 
 def _record_failed(exc: Exception) -> None:
