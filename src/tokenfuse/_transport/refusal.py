@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .._errors import FuseTripped, reduce_as
+from .._fuse import Decision
 
-__all__ = ["find_refusal", "for_sdks", "unwrap_refusals"]
+__all__ = ["find_refusal", "for_sdks", "raise_if_refused", "unwrap_refusals"]
 
 # (module, exception base): SDKs that pass their own errors through and wrap all others.
 _PASS_THROUGH = (("anthropic", "AnthropicError"),)
@@ -69,6 +70,13 @@ def for_sdks(error: FuseTripped) -> FuseTripped:
     mixed.__dict__.update(error.__dict__)
     Exception.__init__(mixed, *error.args)
     return mixed
+
+
+def raise_if_refused(gate: Decision) -> None:
+    """``gate.raise_if_refused()``, with the refusal in a form the loaded SDKs let through."""
+    error = gate.error
+    if not gate.allowed and error is not None:
+        raise for_sdks(error)
 
 
 def find_refusal(exc: BaseException) -> FuseTripped | None:
