@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
-import redis
 
 from tests.conftest import Clock
 from tokenfuse import Fuse, LoopSuspected
@@ -20,20 +17,6 @@ from .conftest import QUICK, ChunkServer
 pytestmark = pytest.mark.redis
 CASE = CASES["anthropic-messages"]  # 200 tokens a call
 MAX_ROUNDS = 100  # a trip is due after 25 rounds of two calls; far more means it never comes
-
-
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test's own; its keys are deleted afterwards (the server is shared)."""
-    name = f"test-transport-{uuid.uuid4().hex[:8]}"
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 def process_fuse(redis_url: str, prefix: str, clock: Clock) -> Fuse:
@@ -53,9 +36,9 @@ def train(fuse: Fuse, clock: Clock) -> None:
 
 
 def test_a_trip_in_one_process_refuses_the_other(
-    lib: ModuleType, redis_url: str, prefix: str, clock: Clock
+    lib: ModuleType, redis_url: str, redis_prefix: str, clock: Clock
 ) -> None:
-    one, two = process_fuse(redis_url, prefix, clock), process_fuse(redis_url, prefix, clock)
+    one, two = (process_fuse(redis_url, redis_prefix, clock) for _ in range(2))
     train(one, clock)
     server = ChunkServer(lib, CASE)
     first = lib.Client(transport=FuseTransport(server.transport(), fuse=one, key="agent-1"))
@@ -77,9 +60,9 @@ def test_a_trip_in_one_process_refuses_the_other(
 
 
 async def test_async_transport_on_redis(
-    lib: ModuleType, redis_url: str, prefix: str, clock: Clock
+    lib: ModuleType, redis_url: str, redis_prefix: str, clock: Clock
 ) -> None:
-    fuse = process_fuse(redis_url, prefix, clock)
+    fuse = process_fuse(redis_url, redis_prefix, clock)
     server = ChunkServer(lib, CASES["anthropic-stream"], how="random")
     transport = AsyncFuseTransport(server.transport(), fuse=fuse, key="agent-1")
     async with lib.AsyncClient(transport=transport) as client:

@@ -80,20 +80,17 @@ def test_a_head_reads_as_the_parts_of_the_same_response(
 
 
 def test_the_docstring_example() -> None:
-    reader = reader_for_response(
-        ResponseHead(
-            method="POST",
-            url="https://api.openai.com/v1/chat/completions",
-            host="api.openai.com",
-            path="/v1/chat/completions",
-            status_code=200,
-            request_headers={},
-            response_headers={"content-type": "application/json"},
-        )
+    head = ResponseHead(
+        method="POST",
+        url="https://api.openai.com/v1/chat/completions",
+        host="api.openai.com",
+        path="/v1/chat/completions",
+        status_code=200,
+        request_headers={},
+        response_headers={"content-type": "application/json"},
     )
-    assert reader is not None
-    reader.feed(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}')
-    assert reader.finish(complete=True).total == 7.0
+    body = b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}'
+    assert usage_of(reader_for_response(head), body) == Usage(7.0, 3.0, 4.0, "openai")
 
 
 def test_extractors_see_the_head_normalised_as_a_response_info() -> None:
