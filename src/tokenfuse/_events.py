@@ -14,7 +14,15 @@ __all__ = ["EventKind", "FuseEvent", "Hooks", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
-EventKind = Literal["tripped", "near_limit", "store_unavailable", "store_recovered"]
+EventKind = Literal[
+    "tripped",
+    "near_limit",
+    "store_unavailable",
+    "store_recovered",
+    "usage_estimated",
+    "usage_unknown",
+    "usage_partial",
+]
 
 
 @dataclass(frozen=True, slots=True)

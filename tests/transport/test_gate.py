@@ -274,12 +274,12 @@ def test_a_refusal_still_pickles_as_the_plain_tokenfuse_error(clock: Clock) -> N
     fuse = trained_fuse(clock, "agent-1")
     for _ in range(11):
         fuse.record("agent-1", 1_000)
-    server = ChunkServer(httpx2, CHAT)
+    server = ChunkServer(httpx2, STREAM)
     with (
         httpx2.Client(transport=FuseTransport(server.transport(), fuse=fuse, key="agent-1")) as c,
         pytest.raises(LoopSuspected) as refused,
     ):
-        post(c)
+        c.post(STREAM.url, headers={"User-Agent": "Anthropic/Python 2.14.0"}, content=b"{}")
     error = refused.value
     assert isinstance(error, anthropic.AnthropicError)  # so anthropic lets it through as is
     copy = pickle.loads(pickle.dumps(error))
