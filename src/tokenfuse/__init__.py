@@ -37,6 +37,7 @@ from ._middleware import (
     inbound_fuse,
     report_tokens,
 )
+from ._stats import FuseStats, UsageCounts
 from ._stores.memory import MemoryStore
 from ._transport import (
     AsyncFuseTransport,
@@ -77,6 +78,7 @@ __all__ = [
     "Fuse",
     "FuseEvent",
     "FuseReport",
+    "FuseStats",
     "FuseTransport",
     "FuseTripped",
     "Identity",
@@ -93,6 +95,7 @@ __all__ = [
     "TokenFuseError",
     "TokenFuseWSGI",
     "Usage",
+    "UsageCounts",
     "UsageShape",
     "VelocityPolicy",
     "__version__",

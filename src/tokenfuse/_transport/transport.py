@@ -150,7 +150,7 @@ class FuseTransport(_SyncBase):
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
-        self._usage_option = UsageOption(inject_usage, self.fuse.stats)
+        self._usage_option = UsageOption(inject_usage, self.fuse)
         self._inner = inner
         self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
@@ -199,7 +199,7 @@ class FuseTransport(_SyncBase):
         raise _wrong_client(self)
 
     async def aclose(self) -> None:
-        raise _wrong_client(self)
+        pass  # nothing was opened through the wrong face; closing must not hide its error
 
     def _send(self, flavor: Flavor, request: Any) -> tuple[Any, Sending]:
         inner = self._inner_for(flavor)
@@ -257,7 +257,7 @@ class AsyncFuseTransport(_AsyncBase):
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
-        self._usage_option = UsageOption(inject_usage, self.fuse.stats)
+        self._usage_option = UsageOption(inject_usage, self.fuse)
         self._inner = inner
         self._made: dict[str, _AsyncInnerTransport] = {}
 
@@ -305,7 +305,7 @@ class AsyncFuseTransport(_AsyncBase):
         raise _wrong_client(self)
 
     def close(self) -> None:
-        raise _wrong_client(self)
+        pass  # nothing was opened through the wrong face; closing must not hide its error
 
     async def _send(self, flavor: Flavor, request: Any) -> tuple[Any, Sending]:
         inner = self._inner_for(flavor)

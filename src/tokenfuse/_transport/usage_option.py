@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._events import logger
-from .._stats import FuseStats
+from .._fuse import Fuse
 from .._usage import (
     refuses_usage_option,
     streams_without_usage,
@@ -87,11 +87,11 @@ def _with_body(request: Any, flavor: Flavor, body: bytes) -> Any:
 class UsageOption:
     """The transport's part: which requests to ask, and what a refusal looks like."""
 
-    __slots__ = ("enabled", "stats")
+    __slots__ = ("enabled", "fuse")
 
-    def __init__(self, enabled: bool, stats: FuseStats) -> None:
+    def __init__(self, enabled: bool, fuse: Fuse) -> None:
         self.enabled = enabled
-        self.stats = stats
+        self.fuse = fuse  # counts in ``fuse.stats``
 
     def prepare(self, request: Any, flavor: Flavor) -> Sending:
         """The request to send: ``request`` itself, or a copy that asks for its usage."""
@@ -107,7 +107,7 @@ class UsageOption:
         if self.enabled and _host(url) not in _refusing:
             asked = with_usage_option(body)
             if asked is not None:
-                self.stats.asked()
+                self.fuse.stats.asked()
                 return Sending(_with_body(request, flavor, asked), request, asked=True)
             return Sending(request, request)  # it asks already, or it is not a stream
         return Sending(request, request, count_text=streams_without_usage(body))
@@ -131,7 +131,7 @@ class UsageOption:
             _refusing[host] = None
             if len(_refusing) > MAX_HOSTS:
                 del _refusing[next(iter(_refusing))]
-        count = self.stats.option_refused()
+        count = self.fuse.stats.option_refused()
         if not known:
             logger.warning(
                 "tokenfuse: %s refused stream_options.include_usage (HTTP %s); the request was "
