@@ -29,7 +29,7 @@ MAX_TURNS = 50
 
 
 @function_tool
-def lookup(query: str) -> str:
+def lookup(query: str = "") -> str:
     """Look something up (the stub model asks for it forever)."""
     return "nothing found, try again"
 
