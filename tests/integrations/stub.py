@@ -166,7 +166,11 @@ def _chat_events(head: Json, message: Json, finish: str, usage: Json | None) -> 
     calls = message.get("tool_calls")
     if calls:
         call = calls[0]
-        started = {**call, "index": 0, "function": {"name": call["function"]["name"], "arguments": ""}}
+        started = {
+            **call,
+            "index": 0,
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
         yield event({"role": "assistant", "content": None, "tool_calls": [started]})
         yield event({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]})
     else:
@@ -297,7 +301,9 @@ def _gemini(request: Json, stream: bool) -> Json | Iterator[bytes]:
     declarations = [
         declaration
         for tool in request.get("tools") or ()
-        for declaration in tool.get("functionDeclarations") or tool.get("function_declarations") or ()
+        for declaration in tool.get("functionDeclarations")
+        or tool.get("function_declarations")
+        or ()
     ]
     tool = _first_tool(declarations, "name")
     part: Json = {"functionCall": {"name": tool, "args": {}}} if tool else {"text": "ok"}

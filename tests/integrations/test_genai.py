@@ -29,7 +29,9 @@ CONFIG = types.GenerateContentConfig(
 
 @pytest.fixture
 def client(server: AgentServer, fuse: Fuse, api_key: str) -> Iterator[genai.Client]:
-    guarded = genai.Client(api_key=api_key, http_options=guard_genai({"base_url": server.base}, fuse=fuse))
+    guarded = genai.Client(
+        api_key=api_key, http_options=guard_genai({"base_url": server.base}, fuse=fuse)
+    )
     yield guarded
     guarded.close()
 
@@ -49,10 +51,13 @@ def test_function_calling_loop_is_stopped(
 
 
 def test_streamed_loop_is_stopped(client: genai.Client, server: AgentServer, api_key: str) -> None:
-    with pytest.raises(CeilingExceeded):
+    def stream_again_and_again() -> None:
         for _ in range(UNTIL_TRIP + 1):
             for _ in client.models.generate_content_stream(model="gemini-stub", contents="find it"):
                 pass
+
+    with pytest.raises(CeilingExceeded):
+        stream_again_and_again()
     assert server.count(api_key) == UNTIL_TRIP
     assert all(hit.stream for hit in server.hits if hit.credential == api_key)
 
@@ -70,13 +75,16 @@ async def test_async_function_calling_loop_is_stopped(
 async def test_async_stream_loop_is_stopped(
     aclient: genai.Client, server: AgentServer, api_key: str
 ) -> None:
-    with pytest.raises(CeilingExceeded):
+    async def stream_again_and_again() -> None:
         for _ in range(UNTIL_TRIP + 1):
             stream = await aclient.aio.models.generate_content_stream(
                 model="gemini-stub", contents="find it"
             )
             async for _ in stream:
                 pass
+
+    with pytest.raises(CeilingExceeded):
+        await stream_again_and_again()
     assert server.count(api_key) == UNTIL_TRIP
 
 

@@ -114,14 +114,16 @@ def test_anthropic_agent_loop_is_stopped(
     assert server.count(api_key) == UNTIL_TRIP
 
 
-def test_a_bound_model_is_guarded_inside(
-    server: AgentServer, fuse: Fuse, api_key: str
-) -> None:
+def test_a_bound_model_is_guarded_inside(server: AgentServer, fuse: Fuse, api_key: str) -> None:
     llm = ChatOpenAI(model="stub", base_url=f"{server.base}/v1", api_key=api_key, max_retries=0)
     bound = guard_langchain(llm.bind_tools([lookup]), fuse=fuse)
-    with pytest.raises(CeilingExceeded):
+
+    def ask_again_and_again() -> None:
         for _ in range(UNTIL_TRIP + 2):
             bound.invoke("find it")
+
+    with pytest.raises(CeilingExceeded):
+        ask_again_and_again()
     assert server.count(api_key) == UNTIL_TRIP
     llm.root_client.close()
 

@@ -36,6 +36,7 @@ def _collect_litellm_garbage() -> Iterator[None]:
     yield
     gc.collect()
 
+
 MESSAGES = [{"role": "user", "content": "find it"}]
 #: A bound on every test loop, far above the calls tokenfuse lets through.
 TURNS = 10

@@ -65,9 +65,7 @@ async def test_agent_loop_is_stopped(api: str, server: AgentServer, api_key: str
     assert server.count(api_key) == UNTIL_TRIP
 
 
-async def test_streamed_agent_loop_is_stopped(
-    api: str, server: AgentServer, api_key: str
-) -> None:
+async def test_streamed_agent_loop_is_stopped(api: str, server: AgentServer, api_key: str) -> None:
     # Chat Completions streams to a server that is not OpenAI's carry usage only when asked.
     agent = AGENT.clone(model_settings=ModelSettings(include_usage=True))
     result = Runner.run_streamed(agent, "find it", max_turns=MAX_TURNS)

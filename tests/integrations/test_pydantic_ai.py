@@ -35,11 +35,15 @@ def openai_responses(server: AgentServer, api_key: str) -> Any:
 
 
 def anthropic(server: AgentServer, api_key: str) -> Any:
-    return AnthropicModel("claude-stub", provider=AnthropicProvider(api_key=api_key, base_url=server.base))
+    return AnthropicModel(
+        "claude-stub", provider=AnthropicProvider(api_key=api_key, base_url=server.base)
+    )
 
 
 def google(server: AgentServer, api_key: str) -> Any:
-    return GoogleModel("gemini-stub", provider=GoogleProvider(api_key=api_key, base_url=server.base))
+    return GoogleModel(
+        "gemini-stub", provider=GoogleProvider(api_key=api_key, base_url=server.base)
+    )
 
 
 MODELS = [
@@ -77,14 +81,18 @@ async def test_streamed_agent_loop_is_stopped(
     server: AgentServer, fuse: Fuse, api_key: str, make: Callable[..., Any]
 ) -> None:
     agent = runaway_agent(guard_pydantic_ai(make(server, api_key), fuse=fuse))
+
+    async def run_streaming() -> None:
+        async with agent.iter("find it", usage_limits=LIMITS) as run:
+            async for node in run:
+                if Agent.is_model_request_node(node):
+                    async with node.stream(run.ctx) as events:
+                        async for _ in events:
+                            pass
+
     async with agent:
         with pytest.raises(CeilingExceeded):
-            async with agent.iter("find it", usage_limits=LIMITS) as run:
-                async for node in run:
-                    if Agent.is_model_request_node(node):
-                        async with node.stream(run.ctx) as events:
-                            async for _ in events:
-                                pass
+            await run_streaming()
     assert server.count(api_key) == UNTIL_TRIP
     assert all(hit.stream for hit in server.hits if hit.credential == api_key)
 
@@ -101,9 +109,12 @@ def test_clients_made_for_new_event_loops_are_guarded(
         async with agent:
             await agent.run("say ok")
 
-    with pytest.raises(CeilingExceeded):
+    def run_on_new_loops() -> None:
         for _ in range(UNTIL_TRIP + 1):
             asyncio.run(run_once())
+
+    with pytest.raises(CeilingExceeded):
+        run_on_new_loops()
     assert server.count(api_key) == UNTIL_TRIP
 
 

@@ -4,8 +4,8 @@ framework cannot be guarded (not installed, or a version that moved the seam).""
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from collections.abc import Callable
+from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeAlias
 

@@ -77,7 +77,9 @@ def _guard_anthropic(model: Any, fuse: Fuse | None, key: Key) -> None:
     anthropic = load("anthropic", extra="langchain")
     for name in ("_client", "_async_client"):
         # Both clients are cached properties: the guarded copy takes the cached value's place.
-        if not isinstance(inspect.getattr_static(type(model), name, None), functools.cached_property):
+        if not isinstance(
+            inspect.getattr_static(type(model), name, None), functools.cached_property
+        ):
             raise seam_moved(
                 "langchain-anthropic", _SUPPORTED["langchain-anthropic"], "its SDK clients"
             )
