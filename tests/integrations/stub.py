@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tests.transport.llm_server import LLMServer, Receive, Scope, Send
+from tests.transport.llm_server import LLMServer, Receive, Scope, Send, read_body
 
 #: What one call costs: the default cold-start ceiling (100,000/min) trips on the third.
 PROMPT_TOKENS = 30_000
@@ -58,13 +58,7 @@ class AgentServer(LLMServer):
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        request: Json = json.loads(body or b"{}")
+        request: Json = json.loads(await read_body(receive) or b"{}")
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         path: str = scope["path"]
         stream = bool(request.get("stream")) or path.endswith(":streamGenerateContent")

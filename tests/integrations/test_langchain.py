@@ -73,11 +73,12 @@ def test_langgraph_react_agent_loop_is_stopped(
     assert server.count(api_key) == UNTIL_TRIP
 
 
-def test_streaming_agent_is_counted(
-    chat_openai: ChatOpenAI, server: AgentServer, api_key: str
+@pytest.mark.parametrize("model", ["chat_openai", "chat_anthropic"])
+def test_streaming_agent_loop_is_stopped(
+    model: str, request: pytest.FixtureRequest, server: AgentServer, api_key: str
 ) -> None:
-    # Streams carry usage only when asked (stream_options.include_usage): the guard asks.
-    agent = create_agent(chat_openai, [lookup])
+    # OpenAI streams carry usage only when asked (stream_options.include_usage): the guard asks.
+    agent = create_agent(request.getfixturevalue(model), [lookup])
     with pytest.raises(CeilingExceeded):
         for _ in agent.stream(QUESTION, LIMIT, stream_mode="messages"):
             pass
@@ -101,16 +102,6 @@ async def test_async_invoke_is_guarded(
     agent = create_agent(achat_openai, [lookup])
     with pytest.raises(CeilingExceeded):
         await agent.ainvoke(QUESTION, LIMIT)
-    assert server.count(api_key) == UNTIL_TRIP
-
-
-def test_anthropic_agent_loop_is_stopped(
-    chat_anthropic: ChatAnthropic, server: AgentServer, api_key: str
-) -> None:
-    agent = create_agent(chat_anthropic, [lookup])
-    with pytest.raises(CeilingExceeded):
-        for _ in agent.stream(QUESTION, LIMIT, stream_mode="messages"):
-            pass
     assert server.count(api_key) == UNTIL_TRIP
 
 

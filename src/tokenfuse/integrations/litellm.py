@@ -38,7 +38,6 @@ one budget per deployment. Name each agent with ``tokenfuse.scope("agent-42")`` 
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 from .. import AsyncFuseTransport, ConfigurationError, Fuse, FuseTransport, FuseTripped
@@ -167,23 +166,13 @@ class LiteLLMGuard:
     def __enter__(self) -> LiteLLMGuard:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     async def __aenter__(self) -> LiteLLMGuard:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
 
