@@ -4,6 +4,7 @@ that are neither resent nor held against a Router deployment."""
 from __future__ import annotations
 
 import gc
+import pickle
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 import tokenfuse
 from tokenfuse import CeilingExceeded, ConfigurationError, Fuse, FuseTripped
-from tokenfuse.integrations.litellm import LiteLLMGuard, guard_litellm
+from tokenfuse.integrations.litellm import LiteLLMGuard, as_litellm_error, guard_litellm
 
 from .conftest import UNTIL_TRIP
 from .stub import AgentServer
@@ -229,3 +230,14 @@ def test_a_client_the_application_set_is_not_overwritten(fuse: Fuse) -> None:
     finally:
         litellm.client_session = None
         own.close()
+
+
+def test_the_refusal_litellm_sees_pickles_as_the_refusal() -> None:
+    refusal = CeilingExceeded(key="agent-7", rate=120_000, limit=100_000, retry_after=60)
+    seen = as_litellm_error(refusal)
+    assert isinstance(seen, litellm.BadRequestError)
+    assert isinstance(seen, CeilingExceeded)
+    assert (seen.key, seen.retry_after) == ("agent-7", 60)
+    back = pickle.loads(pickle.dumps(seen))
+    assert type(back) is CeilingExceeded
+    assert back.as_dict() == refusal.as_dict()

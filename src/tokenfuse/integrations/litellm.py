@@ -43,7 +43,7 @@ from typing import Any
 from .. import AsyncFuseTransport, ConfigurationError, Fuse, FuseTransport, FuseTripped
 from ._common import Key, load, seam_moved
 
-__all__ = ["LiteLLMGuard", "guard_litellm"]
+__all__ = ["LiteLLMGuard", "as_litellm_error", "guard_litellm"]
 
 _SUPPORTED = ">=1.110,<2"
 
