@@ -83,7 +83,7 @@ def as_litellm_error(refusal: FuseTripped) -> FuseTripped:
 
 
 class _Refusing:
-    """A sync transport raising the refusals of the ``FuseTransport`` inside it as LiteLLM errors."""
+    """A sync transport raising its ``FuseTransport``'s refusals as LiteLLM errors."""
 
     def __init__(self, inner: FuseTransport) -> None:
         self._inner = inner
