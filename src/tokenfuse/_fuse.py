@@ -12,12 +12,13 @@ import logging
 import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from ._core.admission import AdmitVerdict
 from ._core.bucket import BucketPolicy, BucketVerdict
 from ._core.rates import per_minute, per_second
+from ._core.status import Status
 from ._core.velocity import VelocityPolicy, VelocityVerdict
 from ._errors import (
     CeilingExceeded,
@@ -30,7 +31,7 @@ from ._errors import (
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
-from ._stores.base import UNSET, AsyncStore, KeyStatus, SyncStore, Unset, async_face, sync_face
+from ._stores.base import UNSET, AsyncStore, SyncStore, Unset, async_face, sync_face
 from ._stores.memory import MemoryStore
 
 __all__ = ["Decision", "Fuse", "Status", "default_fuse"]
@@ -71,23 +72,6 @@ class Decision:
     def raise_if_refused(self) -> None:
         if self.error is not None and not self.allowed:
             raise self.error
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """What a fuse knows about one key right now (``Fuse.status``)."""
-
-    key: str
-    rate: float
-    baseline: float | None  # None until established
-    learned_baseline: float
-    samples: int
-    established: bool
-    open_until: float | None  # store clock (epoch seconds) while the key is open
-    limit: float | None  # manual ceiling in force (live override or code)
-    bucket_level: float | None
-    bucket_capacity: float | None
-    bucket_rate: float | None
 
 
 class Fuse:
@@ -218,14 +202,14 @@ class Fuse:
         """The key's rate, baseline, latch and bucket, read without changing anything."""
         identity = Identity.of(who)
         status = self._sync().status(self._key(identity), self._velocity_for_reads, self.bucket)
-        return _status(identity, status)
+        return replace(status, key=identity.label)
 
     async def astatus(self, who: Who) -> Status:
         identity = Identity.of(who)
         status = await self._async().astatus(
             self._key(identity), self._velocity_for_reads, self.bucket
         )
-        return _status(identity, status)
+        return replace(status, key=identity.label)
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
@@ -447,23 +431,6 @@ def _capacity(capacity: float | None | Unset) -> float | None | Unset:
     if isinstance(capacity, (int, float)) and not 0 < capacity < float("inf"):
         raise ConfigurationError("bucket capacity must be a positive number")
     return capacity
-
-
-def _status(identity: Identity, status: KeyStatus) -> Status:
-    view = status.velocity
-    return Status(
-        key=identity.label,
-        rate=view.rate if view else 0.0,
-        baseline=view.baseline if view else None,
-        learned_baseline=view.learned_baseline if view else 0.0,
-        samples=view.samples if view else 0,
-        established=view.established if view else False,
-        open_until=view.open_until if view else None,
-        limit=view.limit if view else None,
-        bucket_level=status.bucket_level,
-        bucket_capacity=status.bucket_capacity,
-        bucket_rate=status.bucket_rate,
-    )
 
 
 _default: Fuse | None = None

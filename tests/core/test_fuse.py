@@ -15,6 +15,7 @@ from tokenfuse import (
     Identity,
     LoopSuspected,
     MemoryStore,
+    Status,
     StoreUnavailable,
     VelocityPolicy,
 )
@@ -56,6 +57,20 @@ def test_trip_event_reaches_hooks_and_log(clock: Clock, caplog: pytest.LogCaptur
     assert isinstance(events[0].error, Exception)
     assert "sk-…1234" in caplog.text
     assert "SECRETSECRET" not in caplog.text
+
+
+def test_status_names_the_key_by_its_label(clock: Clock) -> None:
+    fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=100, cooldown=60))
+    secret = Identity.secret("sk-proj-SECRETSECRET1234")
+    assert fuse.status(secret) == Status(key="sk-…1234")  # never seen: the defaults
+    assert fuse.record(secret, 500).tripped
+    assert fuse.status(secret) == Status(
+        key="sk-…1234",
+        rate=500.0,
+        open_until=clock.now + 60,
+        limit=100.0,
+        first_seen=clock.now,
+    )
 
 
 def test_raw_secret_never_reaches_the_store(clock: Clock) -> None:

@@ -75,8 +75,7 @@ def test_every_operation_on_every_node_sync(
         ]
         assert admitted == [True, True, True, False]  # capacity 3, set live
         status = store.status(identity, CEILING, BUCKET)
-        assert status.velocity is not None
-        assert (status.velocity.rate, status.velocity.limit) == (3.0, 5000.0)
+        assert (status.rate, status.limit) == (3.0, 5000.0)
         assert (status.bucket_level, status.bucket_capacity) == (0.0, 3.0)
 
 

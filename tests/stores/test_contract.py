@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import Clock
 from tests.stores.conftest import Backend
 from tokenfuse import BucketPolicy, VelocityPolicy
+from tokenfuse._core.status import Status
 from tokenfuse._core.velocity import VelocityVerdict
 
 CEILING = VelocityPolicy(limit=1000, cooldown=30)
@@ -75,8 +76,7 @@ async def test_the_window_slides_over_sixty_seconds(backend: Backend, clock: Clo
     for step in (2.5, 30, 30):
         clock.advance(step)
         status = await backend.status("k", OPEN, None)
-        assert status.velocity is not None
-        rates.append(status.velocity.rate)
+        rates.append(status.rate)
     assert rates == [51.0, 1.0, 0.0]
 
 
@@ -85,8 +85,7 @@ async def test_a_loop_over_the_learned_baseline_is_suspected(
 ) -> None:
     await learn_baseline(backend, "k", 100, minutes=6)
     status = await backend.status("k", LEARNING, None)
-    assert status.velocity is not None
-    assert (status.velocity.established, status.velocity.baseline) == (True, 100.0)
+    assert (status.established, status.baseline) == (True, 100.0)
 
     verdicts = []
     for _ in range(11):  # eleven calls of 100 in one second: 1,100/min, 1,000 without the largest
@@ -130,12 +129,11 @@ async def test_reset_closes_at_once_and_keeps_what_was_learned(
     await backend.reset("k")
     assert (await backend.gate("k")).allowed
     after = await backend.status("k", LEARNING, None)
-    assert before.velocity is not None and after.velocity is not None
-    assert after.velocity.rate == 0.0
-    assert after.velocity.open_until is None
-    assert (after.velocity.samples, after.velocity.learned_baseline) == (
-        before.velocity.samples,
-        before.velocity.learned_baseline,
+    assert after.rate == 0.0
+    assert after.open_until is None
+    assert (after.samples, after.learned_baseline) == (
+        before.samples,
+        before.learned_baseline,
     )
 
 
@@ -187,15 +185,14 @@ async def test_a_call_the_bucket_refuses_adds_nothing_to_the_rate(backend: Backe
     assert not refused.allowed
     assert refused.velocity == VelocityVerdict(allowed=True)  # the latch's verdict
     status = await backend.status("k", OPEN, bucket)
-    assert status.velocity is not None
-    assert status.velocity.rate == 1.0
+    assert status.rate == 1.0
 
 
 async def test_amount_zero_checks_the_latch_only(backend: Backend) -> None:
     verdict = await backend.admit("k", cost=1, amount=0, velocity=OPEN, bucket=None)
     assert verdict.allowed
     assert verdict.velocity is None  # no state yet: nothing to check
-    assert (await backend.status("k", OPEN, None)).velocity is None
+    assert (await backend.status("k", OPEN, None)).first_seen is None
 
 
 async def test_near_limit_alert_fires_once_per_episode(backend: Backend, clock: Clock) -> None:
@@ -222,8 +219,7 @@ async def test_near_limit_alert_fires_once_per_episode(backend: Backend, clock: 
 
 async def test_status_of_an_unknown_key(backend: Backend) -> None:
     status = await backend.status("nobody", OPEN, BucketPolicy(rate=2, capacity=5))
-    assert (status.velocity, status.bucket_level) == (None, None)
-    assert (status.bucket_capacity, status.bucket_rate) == (5.0, 2.0)
+    assert status == Status(key="nobody", bucket_capacity=5.0, bucket_rate=2.0)
 
 
 async def test_status_reads_without_changing(backend: Backend, clock: Clock) -> None:
@@ -232,10 +228,9 @@ async def test_status_reads_without_changing(backend: Backend, clock: Clock) -> 
     clock.advance(0.5)
     for _ in range(3):
         status = await backend.status("k", CEILING, bucket)
-        assert status.velocity is not None
-        assert (status.velocity.rate, status.velocity.samples) == (40.0, 0)
-        assert status.velocity.first_seen == clock.now - 0.5
-        assert (status.velocity.established, status.velocity.limit) == (False, 1000.0)
+        assert (status.rate, status.samples) == (40.0, 0)
+        assert status.first_seen == clock.now - 0.5
+        assert (status.established, status.limit) == (False, 1000.0)
         assert (status.bucket_level, status.bucket_capacity, status.bucket_rate) == (3.0, 5.0, 2.0)
 
 
@@ -244,8 +239,7 @@ async def test_a_live_limit_wins_over_the_policy_and_can_be_cleared(
 ) -> None:
     await backend.configure("k", limit=100.0)
     status = await backend.status("k", OPEN, None)
-    assert status.velocity is not None
-    assert (status.velocity.limit, status.velocity.first_seen) == (100.0, clock.now)
+    assert (status.limit, status.first_seen) == (100.0, clock.now)
     trip = await backend.record("k", 150, OPEN)
     assert (trip.reason, trip.limit) == ("manual_ceiling", 100.0)
 
@@ -393,8 +387,7 @@ def test_the_server_clock_is_the_default(redis_url: str) -> None:
         store.record("k", 600, CEILING)
         trip = store.record("k", 600, CEILING)
         status = store.status("k", CEILING, None)
-        assert status.velocity is not None
-        assert before - 1 <= status.velocity.first_seen <= time.time() + 1
+        assert before - 1 <= status.first_seen <= time.time() + 1
         assert trip.tripped
         assert 29 < store.gate("k").retry_after <= 30
         bucket = BucketPolicy(rate=1, capacity=1)

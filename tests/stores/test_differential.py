@@ -175,8 +175,8 @@ def check(scenario: Scenario, client: redis.Redis) -> None:
         for key in keys:
             status = memory.status(key, scenario.velocity, scenario.bucket)
             assert lua.status(key, scenario.velocity, scenario.bucket) == status
-            if status.velocity is not None and status.velocity.samples:
-                event("learned minutes" if not status.velocity.established else "established")
+            if status.samples:
+                event("learned minutes" if not status.established else "established")
     finally:
         delete_prefix(client, prefix)
 

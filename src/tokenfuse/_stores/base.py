@@ -13,25 +13,21 @@ client) says so with ``has_sync`` / ``has_async``; ``Fuse`` reads them once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .._core import bucket as _bucket
-from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict
-from .._core.bucket import BucketPolicy, BucketState
-from .._core.velocity import VelocityPolicy, VelocitySnapshot, VelocityState, VelocityVerdict
+from .._core.bucket import BucketPolicy
+from .._core.status import Status
+from .._core.velocity import VelocityPolicy, VelocityVerdict
 
 __all__ = [
     "UNSET",
     "AdmitVerdict",
     "AsyncStore",
-    "KeyStatus",
     "Store",
     "SyncStore",
     "Unset",
     "async_face",
-    "key_status",
     "sync_face",
 ]
 
@@ -53,33 +49,6 @@ class Unset:
 UNSET = Unset()
 
 
-@dataclass(frozen=True, slots=True)
-class KeyStatus:
-    """What a store knows about one key, read without changing it."""
-
-    velocity: VelocitySnapshot | None  # None: never recorded
-    bucket_level: float | None  # None: no bucket yet (a first call finds it full)
-    bucket_capacity: float | None
-    bucket_rate: float | None
-
-
-def key_status(
-    velocity_state: VelocityState | None,
-    bucket_state: BucketState | None,
-    now: float,
-    velocity: VelocityPolicy,
-    bucket: BucketPolicy | None,
-) -> KeyStatus:
-    """A key's states viewed through the core: what every store's ``status`` returns."""
-    view = None if velocity_state is None else _velocity.snapshot(velocity_state, now, velocity)
-    if bucket is None:
-        return KeyStatus(view, None, None, None)
-    if bucket_state is None:
-        return KeyStatus(view, None, bucket.capacity, bucket.rate)
-    capacity, rate = _bucket.limits_of(bucket_state, bucket)
-    return KeyStatus(view, _bucket.level(bucket_state, now, capacity, rate), capacity, rate)
-
-
 @runtime_checkable
 class SyncStore(Protocol):
     def gate(self, key: str) -> VelocityVerdict: ...
@@ -96,9 +65,7 @@ class SyncStore(Protocol):
         bucket: BucketPolicy | None,
     ) -> AdmitVerdict: ...
 
-    def status(
-        self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus: ...
+    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> Status: ...
 
     def reset(self, key: str) -> None: ...
 
@@ -132,7 +99,7 @@ class AsyncStore(Protocol):
 
     async def astatus(
         self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus: ...
+    ) -> Status: ...
 
     async def areset(self, key: str) -> None: ...
 

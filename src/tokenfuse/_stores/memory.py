@@ -12,9 +12,10 @@ from .._core import bucket as _bucket
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
 from .._core.bucket import BucketPolicy, BucketState
+from .._core.status import Status, status_of
 from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from .base import UNSET, KeyStatus, Unset, key_status
+from .base import UNSET, Unset
 
 __all__ = ["MemoryStore"]
 
@@ -117,13 +118,13 @@ class MemoryStore:
                 bucket=bucket,
             )
 
-    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> KeyStatus:
+    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> Status:
         with self._lock:
             now = self.clock()
             entry = self._entries.get(key)
             if entry is None or entry.expires <= now:
                 entry = _Entry()
-            return key_status(entry.velocity, entry.bucket, now, velocity, bucket)
+            return status_of(key, entry.velocity, entry.bucket, now, velocity, bucket)
 
     def reset(self, key: str) -> None:
         with self._lock:
@@ -178,7 +179,7 @@ class MemoryStore:
 
     async def astatus(
         self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus:
+    ) -> Status:
         return self.status(key, velocity, bucket)
 
     async def areset(self, key: str) -> None:

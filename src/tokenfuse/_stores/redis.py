@@ -41,9 +41,10 @@ from typing import Any
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy
+from .._core.status import Status
 from .._core.velocity import VelocityPolicy, VelocityVerdict
 from .._errors import ConfigurationError, StoreUnavailable
-from .base import UNSET, KeyStatus, Unset
+from .base import UNSET, Unset
 from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient
 from .redis_codec import (
     admit_args,
@@ -230,8 +231,8 @@ class RedisStore:
     ) -> AdmitVerdict:
         return admit_verdict(self._run(*self._admit(key, cost, amount, velocity, bucket)))
 
-    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> KeyStatus:
-        return key_status(self._run(*self._status(key)), velocity, bucket)
+    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> Status:
+        return key_status(self._run(*self._status(key)), key, velocity, bucket)
 
     def reset(self, key: str) -> None:
         self._run(*self._reset(key))
@@ -267,8 +268,8 @@ class RedisStore:
 
     async def astatus(
         self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus:
-        return key_status(await self._arun(*self._status(key)), velocity, bucket)
+    ) -> Status:
+        return key_status(await self._arun(*self._status(key)), key, velocity, bucket)
 
     async def areset(self, key: str) -> None:
         await self._arun(*self._reset(key))

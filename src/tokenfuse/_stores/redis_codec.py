@@ -16,10 +16,10 @@ from typing import Any
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
+from .._core.status import Status, status_of
 from .._core.velocity import REASON_CODES, SLOTS, VelocityPolicy, VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from . import base
-from .base import KeyStatus, Unset
+from .base import Unset
 
 __all__ = [
     "BUCKET_BLOCK",
@@ -235,12 +235,12 @@ def bucket_state(
 
 
 def key_status(
-    reply: Sequence[Any], velocity: VelocityPolicy, bucket: BucketPolicy | None
-) -> KeyStatus:
+    reply: Sequence[Any], key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
+) -> Status:
     """``status.lua``'s raw state, viewed through the core (as ``MemoryStore.status`` does)."""
     now = float(reply[0])
     numbers = [float(text) for text in reply[1].split()]
     vstate = velocity_state(numbers[:-1], numbers[-1]) if numbers else None
     numbers = [float(text) for text in reply[2].split()]
     bstate = bucket_state(numbers[:-2], *numbers[-2:]) if numbers else None
-    return base.key_status(vstate, bstate, now, velocity, bucket)
+    return status_of(key, vstate, bstate, now, velocity, bucket)
