@@ -14,7 +14,7 @@ limit headers, and each uses memory or Redis storage:
   default strategy).
 
 Two reference rows time what no Redis-backed limiter can go below on this machine: a
-``redis.asyncio`` PING, and the ``RedisStore.aadmit`` call the middleware makes.
+``redis.asyncio`` PING, and the ``RedisStore.arun(Admit(...))`` call the middleware makes.
 
 Every case first warms up on its own, then all take turns request by request so that machine
 noise hits them alike. The figures that matter are the p50 *added* to the bare endpoint and
@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from tokenfuse import BucketPolicy, Identity, MemoryStore
 from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, inbound_fuse
+from tokenfuse._stores.ops import Admit
 from tokenfuse._stores.redis import RedisStore
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -126,8 +127,8 @@ async def run(redis_url: str, requests: int) -> None:
     who = Identity.secret(TOKEN.decode())
     references: dict[str, Callable[[], Awaitable[object]]] = {
         "redis.asyncio PING": ping_client.ping,
-        "RedisStore.aadmit": lambda: redis_store.aadmit(
-            f"inbound:{who.key}", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET
+        "RedisStore.arun(Admit)": lambda: redis_store.arun(
+            Admit(f"inbound:{who.key}", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
         ),
     }
     cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}

@@ -19,6 +19,7 @@ from limits.aio import storage as astorage
 from limits.aio import strategies as astrategies
 
 from tokenfuse import Fuse, MemoryStore, VelocityPolicy
+from tokenfuse._stores.ops import Record
 from tokenfuse._stores.redis import RedisStore
 
 ITEM = parse("1000000000/minute")  # never refuses: we time the decision, not the refusal
@@ -54,7 +55,7 @@ async def measure(url: str, prefix: str, calls: int) -> dict[str, list[float]]:
     )
     cases = {
         "redis PING": client.ping,
-        "RedisStore.record": lambda: store.record(f"{prefix}:k", 10, POLICY),
+        "RedisStore.run(Record)": lambda: store.run(Record(f"{prefix}:k", 10, POLICY)),
         "Fuse.record (RedisStore)": lambda: fuse.record("agent", 10),
         "Fuse.gate (RedisStore)": lambda: fuse.gate("agent"),
         "limits sliding-window hit (redis)": lambda: sliding.hit(ITEM, prefix, "k"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+from typing import TypeVar
 
 import pytest
 
@@ -19,9 +20,11 @@ from tokenfuse import (
     StoreUnavailable,
     VelocityPolicy,
 )
-from tokenfuse._core.velocity import VelocityVerdict
 from tokenfuse._health import StoreHealth
 from tokenfuse._stores.memory import MemoryStore as _Memory
+from tokenfuse._stores.ops import Op
+
+R = TypeVar("R")
 
 
 class FlakyStore(_Memory):
@@ -32,17 +35,11 @@ class FlakyStore(_Memory):
         self.down = False
         self.calls = 0
 
-    def gate(self, key: str) -> VelocityVerdict:
+    def run(self, op: Op[R]) -> R:
         self.calls += 1
         if self.down:
             raise StoreUnavailable("connection refused")
-        return super().gate(key)
-
-    def record(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        self.calls += 1
-        if self.down:
-            raise StoreUnavailable("connection refused")
-        return super().record(key, amount, velocity)
+        return super().run(op)
 
 
 def test_trip_event_reaches_hooks_and_log(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:

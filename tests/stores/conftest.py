@@ -1,7 +1,7 @@
 """Store backends under test: one table, each driven through its sync or its asyncio face.
 
-Tests ``await backend.record(...)`` whatever the backend; for an async face that awaits the
-store's ``arecord``, so the async path really runs (the plain method is never called).
+Tests ``await backend.run(Record(...))`` whatever the backend; for an async face that awaits
+the store's ``arun``, so the async path really runs (``run`` is never called).
 Redis backends use a prefix of their own and delete only their own keys afterwards.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import fakeredis
 import pytest
@@ -21,8 +21,17 @@ from tests.conftest import Clock
 from tokenfuse import MemoryStore
 from tokenfuse._core.bucket import BucketState
 from tokenfuse._core.velocity import VelocityState
+from tokenfuse._stores.ops import Op
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_codec import key_of, read_state
+from tokenfuse._stores.redis_codec import (
+    BUCKET_BLOCK,
+    VELOCITY_BLOCK,
+    bucket_state,
+    key_of,
+    velocity_state,
+)
+
+R = TypeVar("R")
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -42,6 +51,21 @@ def delete_prefix(client: redis.Redis, prefix: str) -> None:
     keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
     if keys:
         client.delete(*keys)
+
+
+def read_state(blob: bytes | None) -> tuple[VelocityState | None, BucketState | None]:
+    """The core's state objects from an identity's string as stored (``redis_codec``'s
+    layout): the velocity block, if any, then the bucket block, if any; the length says which."""
+    if not blob:
+        return None, None
+    vstate = bstate = None
+    if len(blob) != BUCKET_BLOCK.size:
+        numbers = VELOCITY_BLOCK.unpack_from(blob)
+        vstate = velocity_state(numbers[:-1], numbers[-1])
+    if len(blob) != VELOCITY_BLOCK.size:
+        numbers = BUCKET_BLOCK.unpack_from(blob, len(blob) - BUCKET_BLOCK.size)
+        bstate = bucket_state(numbers[:-2], *numbers[-2:])
+    return vstate, bstate
 
 
 def read_states(
@@ -65,14 +89,11 @@ class Backend:
     make_twin: Callable[[], Any] | None = None
     closers: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
 
-    def __getattr__(self, op: str) -> Callable[..., Awaitable[Any]]:
-        method = getattr(self.store, f"a{op}" if self.is_async else op)
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            result = method(*args, **kwargs)
-            return await result if self.is_async else result
-
-        return call
+    async def run(self, op: Op[R]) -> R:
+        """Run ``op`` through the face under test: ``arun`` or ``run``."""
+        if self.is_async:
+            return await self.store.arun(op)  # type: ignore[no-any-return]
+        return self.store.run(op)  # type: ignore[no-any-return]
 
     def twin(self) -> Backend:
         """Another store on the same server and prefix: another process, as far as it knows."""

@@ -83,13 +83,13 @@ def test_nothing_listening_fails_open_and_stops_asking(free_port: int, clock: Cl
     store = fuse.store
     assert isinstance(store, RedisStore)
     attempts = []
-    record = store.record
+    run = store.run
 
-    def counting_record(*args: Any, **kwargs: Any) -> Any:
-        attempts.append(1)
-        return record(*args, **kwargs)
+    def counting_run(op: Any) -> Any:
+        attempts.append(op)
+        return run(op)
 
-    store.record = counting_record  # type: ignore[method-assign]
+    store.run = counting_run  # type: ignore[method-assign]
     decisions = [fuse.record("k", 500) for _ in range(50)]
     assert all(d.allowed and d.degraded for d in decisions)
     assert [e.kind for e in events] == ["store_unavailable"]
