@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import Clock
-from tests.stores.conftest import Backend
+from tests.stores.conftest import Backend, close_backend, open_backend
 from tokenfuse import BucketPolicy, VelocityPolicy
 from tokenfuse._core.status import Status
 from tokenfuse._core.velocity import VelocityVerdict
@@ -329,13 +329,23 @@ async def test_every_write_sets_the_ttl(redis_backend: Backend) -> None:
     assert sizes == [352, 416, 416, 64]
 
 
-async def test_scripts_are_reloaded_after_script_flush(redis_backend: Backend) -> None:
-    assert redis_backend.raw is not None
-    await redis_backend.run(Record("k", 600, CEILING))
-    redis_backend.raw.script_flush()
-    assert (await redis_backend.run(Record("k", 600, CEILING))).tripped
-    redis_backend.raw.script_flush()
-    assert not (await redis_backend.run(Gate("k"))).allowed
+@pytest.mark.parametrize("kind", ["redis-sync", "redis-async", "fakeredis"])
+async def test_scripts_are_reloaded_after_script_flush(
+    kind: str, request: pytest.FixtureRequest, clock: Clock
+) -> None:
+    """SCRIPT FLUSH empties the script cache of every client of a server: it runs on a
+    redis-server of the test's own (fakeredis: a server of its own anyway)."""
+    url = None if kind == "fakeredis" else request.getfixturevalue("own_redis").url
+    backend = await open_backend(kind, request, clock, url)
+    try:
+        assert backend.raw is not None
+        await backend.run(Record("k", 600, CEILING))
+        backend.raw.script_flush()
+        assert (await backend.run(Record("k", 600, CEILING))).tripped
+        backend.raw.script_flush()
+        assert not (await backend.run(Gate("k"))).allowed
+    finally:
+        await close_backend(backend)
 
 
 async def test_an_identity_is_one_key_with_a_hash_tag(redis_backend: Backend) -> None:
