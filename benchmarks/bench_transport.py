@@ -110,6 +110,18 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
 # -- measuring ------------------------------------------------------------------------------------
 
 
+def chat(client: httpx.Client, url: str) -> None:
+    """One chat completion, its JSON body read to the end."""
+    client.post(url, content=b'{"model": "stub"}').read()
+
+
+def chat_stream(client: httpx.Client, url: str) -> None:
+    """One streamed chat completion, read chunk by chunk to the end."""
+    with client.stream("POST", url, content=b'{"stream": true}') as response:
+        for _ in response.iter_bytes():
+            pass
+
+
 class _Events(httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         return iter(_EVENTS)
@@ -132,15 +144,7 @@ def in_process(rounds: int) -> None:
     }
     url = "http://127.0.0.1:8000/v1/chat/completions"
 
-    def call(client: httpx.Client) -> None:
-        client.post(url, content=b'{"model": "stub"}').read()
-
-    def stream(client: httpx.Client) -> None:
-        with client.stream("POST", url, content=b'{"stream": true}') as response:
-            for _ in response.iter_bytes():
-                pass
-
-    cases = {"JSON call": (call, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (stream, 3)}
+    cases = {"JSON call": (chat, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (chat_stream, 3)}
     print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us)\n")
     print("| body | unguarded | guarded | added (median of rounds) | added (fastest rounds) |")
     print("|---|---:|---:|---:|---:|")
@@ -148,7 +152,7 @@ def in_process(rounds: int) -> None:
 
         def batch_of(client: httpx.Client, run: Any = run, batch: int = batch) -> None:
             for _ in range(batch):
-                run(client)
+                run(client, url)
 
         batches = {case: (lambda c=client: batch_of(c)) for case, client in clients.items()}
         times = asyncio.run(interleave(batches, rounds, warmup=5))
@@ -186,21 +190,15 @@ def over_the_network(redis_url: str, calls: int, streams: int) -> None:
     fuse_name = unique_prefix("transport")
     clients = guarded_clients(redis_url, fuse_name)
 
-    def call(client: httpx.Client) -> None:
-        client.post(url, content=b'{"model": "stub"}').read()
-
-    def stream(client: httpx.Client) -> None:
-        with client.stream("POST", url, content=b'{"stream": true}') as response:
-            for _ in response.iter_bytes():
-                pass
-
     try:
         latency = asyncio.run(
-            interleave({case: (lambda c=c: call(c)) for case, c in clients.items()}, calls)
+            interleave({case: (lambda c=c: chat(c, url)) for case, c in clients.items()}, calls)
         )
         stream_us = asyncio.run(
             interleave(
-                {case: (lambda c=c: stream(c)) for case, c in clients.items()}, streams, warmup=1
+                {case: (lambda c=c: chat_stream(c, url)) for case, c in clients.items()},
+                streams,
+                warmup=1,
             )
         )
     finally:
