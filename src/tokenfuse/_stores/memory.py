@@ -58,21 +58,25 @@ class MemoryStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _entry(self, key: str, now: float, *, create: bool) -> _Entry | None:
-        """The live entry for ``key`` (marked most recently used); lock held by the caller."""
+    def _live(self, key: str, now: float) -> _Entry | None:
+        """The key's entry unless it expired, marked most recently used; lock held."""
         entry = self._entries.get(key)
-        if entry is not None and entry.expires <= now:
-            del self._entries[key]
-            entry = None
         if entry is None:
-            if not create:
-                return None
-            entry = self._entries[key] = _Entry()
+            return None
+        if entry.expires <= now:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        entry.expires = now + self.ttl
+        return entry
+
+    def _entry(self, key: str, now: float) -> _Entry:
+        """The key's live entry, a new one if it has none (evicting the least recently used)."""
+        entry = self._live(key, now)
+        if entry is None:
+            entry = self._entries[key] = _Entry(expires=now + self.ttl)
             if len(self._entries) > self.max_keys:
                 self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
-        entry.expires = now + self.ttl
         return entry
 
     def run(self, op: Op[R]) -> R:
@@ -89,21 +93,19 @@ class MemoryStore:
     # -- each operation applied to the core (the lock held, ``now`` read once) ------------------
 
     def _gate(self, op: Gate, now: float) -> VelocityVerdict:
-        entry = self._entry(op.key, now, create=False)
+        entry = self._live(op.key, now)
         if entry is None or entry.velocity is None:
             return VelocityVerdict(allowed=True)
         return _velocity.gate(entry.velocity, now)
 
     def _record(self, op: Record, now: float) -> VelocityVerdict:
-        entry = self._entry(op.key, now, create=True)
-        assert entry is not None
+        entry = self._entry(op.key, now)
         if entry.velocity is None:
             entry.velocity = _velocity.new_state(now)
         return _velocity.record(entry.velocity, op.amount, now, op.velocity)
 
     def _admit(self, op: Admit, now: float) -> AdmitVerdict:
-        entry = self._entry(op.key, now, create=True)
-        assert entry is not None
+        entry = self._entry(op.key, now)
         if op.velocity is not None and entry.velocity is None and op.amount > 0:
             entry.velocity = _velocity.new_state(now)
         if op.bucket is not None and entry.bucket is None:
@@ -132,8 +134,7 @@ class MemoryStore:
             entry.bucket.tokens = _bucket.FULL
 
     def _configure(self, op: Configure, now: float) -> None:
-        entry = self._entry(op.key, now, create=True)
-        assert entry is not None
+        entry = self._entry(op.key, now)
         if not isinstance(op.limit, Unset):
             if entry.velocity is None:
                 entry.velocity = _velocity.new_state(now)

@@ -61,8 +61,8 @@ class RedisStore:
     >>> fuse = Fuse(store)                                       # doctest: +SKIP
 
     Args:
-        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (sync methods), or their
-            ``redis.asyncio`` counterparts (a-prefixed methods). The caller keeps owning it.
+        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (for ``run``), or their
+            ``redis.asyncio`` counterparts (for ``arun``). The caller keeps owning it.
         prefix: first part of every key; must not contain ``{`` or ``}``.
         clock: ``None`` for the server's clock; a callable returning epoch seconds otherwise.
         ttl: seconds an idle identity's state lives.
@@ -120,12 +120,12 @@ class RedisStore:
 
     @property
     def has_sync(self) -> bool:
-        """Whether the plain methods work (a sync client was given, or built from a URL)."""
+        """Whether ``run`` works (a sync client was given, or built from a URL)."""
         return self._clients.has_sync
 
     @property
     def has_async(self) -> bool:
-        """Whether the a-prefixed methods work (an asyncio client, or built from a URL)."""
+        """Whether ``arun`` works (an asyncio client was given, or built from a URL)."""
         return self._clients.has_async
 
     def close(self) -> None:
