@@ -111,7 +111,10 @@ async def one_request(app: App) -> None:
         raise RuntimeError(f"benchmark request answered {status}")
 
 
-async def run(redis_url: str, requests: int) -> None:
+REFERENCES = ("redis.asyncio PING", "RedisStore.arun(Admit)")
+
+
+async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
     prefix = unique_prefix("mw")
     redis_store = RedisStore.from_url(redis_url, prefix=prefix)
     apps = {
@@ -126,29 +129,32 @@ async def run(redis_url: str, requests: int) -> None:
     ping_client = redis.asyncio.Redis.from_url(redis_url)
     who = Identity.secret(TOKEN.decode())
     references: dict[str, Callable[[], Awaitable[object]]] = {
-        "redis.asyncio PING": ping_client.ping,
-        "RedisStore.arun(Admit)": lambda: redis_store.arun(
+        REFERENCES[0]: ping_client.ping,
+        REFERENCES[1]: lambda: redis_store.arun(
             Admit(f"inbound:{who.key}", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
         ),
     }
     cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}
     try:
-        times = await interleave({**cases, **references}, requests)
+        return await interleave({**cases, **references}, requests)
     finally:
         await redis_store.aclose()
         await ping_client.aclose()
         delete_keys(redis_url, f"{prefix}:*")
         delete_keys(redis_url, f"LIMITS:*{prefix}*")
 
+
+def report(times: dict[str, list[float]]) -> None:
     base = percentile(times["bare Starlette endpoint"], 50)
+    requests = len(times["bare Starlette endpoint"])
     print(f"{requests} requests per case, taking turns, microseconds per request\n")
     print(f"{'case':28s} {'p50':>8s} {'p99':>8s} {'added p50':>10s}")
     added: dict[str, float] = {}
     for name, values in times.items():
         p50 = percentile(values, 50)
         added[name] = p50 - base
-        extra = "" if name.startswith("bare") or name in references else f"{added[name]:10.1f}"
-        if name in references:
+        extra = "" if name.startswith("bare") or name in REFERENCES else f"{added[name]:10.1f}"
+        if name in REFERENCES:
             name = f"(ref) {name}"
         print(f"{name:28s} {p50:8.1f} {percentile(values, 99):8.1f} {extra}")
     print()
@@ -169,7 +175,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="per case and round")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    asyncio.run(run(args.redis, args.requests * args.rounds))
+    report(asyncio.run(measure(args.redis, args.requests * args.rounds)))
 
 
 if __name__ == "__main__":
