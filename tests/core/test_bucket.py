@@ -1,4 +1,4 @@
-"""The token bucket of DESIGN §1.2, through Fuse.admit on a simulated clock."""
+"""The token bucket (docs/design.md, "Token bucket"), through Fuse.admit on a simulated clock."""
 
 from __future__ import annotations
 
@@ -7,17 +7,9 @@ import math
 import pytest
 
 from tests.conftest import Clock
-from tokenfuse import (
-    FREE,
-    GROWTH,
-    STARTER,
-    BucketPolicy,
-    Fuse,
-    FuseEvent,
-    MemoryStore,
-    QuotaExhausted,
-)
+from tokenfuse import FREE, GROWTH, STARTER, BucketPolicy, Fuse, MemoryStore, QuotaExhausted
 from tokenfuse._core import bucket as core
+from tokenfuse.events import FuseEvent
 
 
 def make_fuse(clock: Clock, policy: BucketPolicy, events: list[FuseEvent] | None = None) -> Fuse:
@@ -34,7 +26,7 @@ def make_fuse(clock: Clock, policy: BucketPolicy, events: list[FuseEvent] | None
         pytest.param(GROWTH, 100, 500, id="growth"),
     ],
 )
-def test_tier_presets_are_the_seeds(tier: BucketPolicy, rate: float, capacity: float) -> None:
+def test_tier_presets(tier: BucketPolicy, rate: float, capacity: float) -> None:
     assert (tier.rate, tier.capacity) == (rate, capacity)
 
 
