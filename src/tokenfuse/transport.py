@@ -14,24 +14,6 @@ tells which scope is active). For SDKs that wrap every transport error in their 
 ``unwrap_refusals()`` re-raises the tokenfuse refusal and ``find_refusal(exc)`` finds it.
 """
 
-from ._transport import (
-    EXTENSION,
-    AsyncFuseTransport,
-    FuseReport,
-    FuseTransport,
-    current_scope,
-    find_refusal,
-    scope,
-    unwrap_refusals,
-)
-
-__all__ = [
-    "EXTENSION",
-    "AsyncFuseTransport",
-    "FuseReport",
-    "FuseTransport",
-    "current_scope",
-    "find_refusal",
-    "scope",
-    "unwrap_refusals",
-]
+# This module is the public face of _transport: the names that package exports, no more.
+from ._transport import *  # noqa: F403
+from ._transport import __all__ as __all__

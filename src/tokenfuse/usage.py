@@ -6,10 +6,9 @@ estimates like the built-in providers::
 
     from tokenfuse.usage import ShapeExtractor, UsageShape, default_registry
 
-    default_registry.register(ShapeExtractor(
-        UsageShape(containers=(("meta", "tokens"),), input=("in",), output=("out",)),
-        provider="acme", host="llm.acme.internal"))
-    # {"meta": {"tokens": {"in": 12, "out": 30}}} from llm.acme.internal now counts 42.
+    billing = UsageShape(containers=(("billing",),), input=("prompt",), output=("reply",))
+    default_registry.register(ShapeExtractor(billing, provider="inhouse", host="llm.corp"))
+    # {"billing": {"prompt": 900, "reply": 100}} from llm.corp (or a.llm.corp) counts 1000.
 
 For anything else, write an ``Extractor`` (``reader_for(ResponseInfo) -> UsageReader | None``)
 and a ``UsageReader``. A transport reads with ``default_registry`` unless given its own
@@ -17,24 +16,6 @@ and a ``UsageReader``. A transport reads with ``default_registry`` unless given 
 each built-in provider reports usage.
 """
 
-from ._usage import (
-    Extractor,
-    ExtractorRegistry,
-    ResponseInfo,
-    ShapeExtractor,
-    Usage,
-    UsageReader,
-    UsageShape,
-    default_registry,
-)
-
-__all__ = [
-    "Extractor",
-    "ExtractorRegistry",
-    "ResponseInfo",
-    "ShapeExtractor",
-    "Usage",
-    "UsageReader",
-    "UsageShape",
-    "default_registry",
-]
+# This module is the public face of _usage: the names that package exports, no more.
+from ._usage import *  # noqa: F403
+from ._usage import __all__ as __all__

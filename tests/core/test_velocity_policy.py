@@ -282,28 +282,29 @@ def spend(state: core.VelocityState, minute: float, amount: float) -> core.Veloc
     return core.record(state, amount, T0 + minute * MINUTE, LEARNING)
 
 
-def test_a_tripped_minute_and_an_open_minute_are_not_learned() -> None:
+@pytest.mark.parametrize(
+    "spending",
+    [
+        # Minute 1 idle, so there is no minute before the trip; the trip at minute 2.5 keeps
+        # the key open until 3.5, and an in-flight call lands in minute 3 while it is open.
+        pytest.param(
+            [(0, 100), (2.5, 5_000), (3.2, 700), (5, 100), (7, 100), (9, 100)],
+            id="a-tripped-minute-and-an-open-minute-are-not-learned",
+        ),
+        # Minute 1 looked clean when it ended (the loop starting, under the limit); the trip
+        # in the next minute drops it.
+        pytest.param(
+            [(0, 100), (1.5, 900), (2.2, 5_000), (4, 100), (6, 100), (8, 100)],
+            id="the-minute-before-a-trip-is-not-learned",
+        ),
+    ],
+)
+def test_a_loop_is_not_learned(spending: list[tuple[float, float]]) -> None:
     state = core.new_state(T0)
-    spend(state, 0, 100)  # minute 0: clean; minute 1: idle, so no minute before the trip
-    assert spend(state, 2.5, 5_000).tripped  # minute 2: the trip; open until minute 3.5
-    assert not spend(state, 3.2, 700).allowed  # minute 3: an in-flight call lands while open
-    for minute in (5, 7, 9):
-        spend(state, minute, 100)
-    # Learned: minutes 0 and 5 (minute 7 waits as pending). Learning the trip minute or the
-    # open one would add a sample and lift the baseline to thousands.
-    assert state.samples == 2
-    assert state.baseline == pytest.approx(100, rel=1e-12)
-
-
-def test_the_minute_before_a_trip_is_not_learned() -> None:
-    state = core.new_state(T0)
-    spend(state, 0, 100)
-    spend(state, 1.5, 900)  # minute 1: the loop starting, still under the limit
-    assert spend(state, 2.2, 5_000).tripped
-    for minute in (4, 6, 8):
-        spend(state, minute, 100)
-    # Learned: minutes 0 and 4. Minute 1 looked clean when it ended; the trip in the next
-    # minute dropped it.
+    trips = [spend(state, minute, amount).tripped for minute, amount in spending]
+    assert trips.count(True) == 1
+    # Learned: minute 0 and the first minute of 100 after the trip (the next one waits as
+    # pending). Learning any minute of the loop would add a sample and lift the baseline.
     assert state.samples == 2
     assert state.baseline == pytest.approx(100, rel=1e-12)
 
