@@ -1,16 +1,46 @@
-"""Store health: fail open without paying a dead store's timeout on every call.
+"""Store health: fail open without paying a dead store's timeout on every call, tell an
+outage from back-pressure, and come back soon after the store does.
 
-After ``threshold`` consecutive failures the store is skipped for a back-off period that
-doubles on each further failure (capped); the first call after the period probes it again.
-A warning is logged at most once per ``log_every`` seconds.
+* **Outage.** After ``threshold`` consecutive failures the store is skipped for a back-off
+  period that doubles on each further failure, capped at ``backoff_max`` (5 s); the first
+  call after the period probes the store. So a dead store costs one probe per 5 s at most,
+  and enforcement resumes at most 5 s (plus one probe) after the store is back.
+* **Back-pressure.** ``StoreBusy`` (the store answers, but no pooled connection came free
+  within the wait) is counted as ``pool_exhausted``, reported as its own event and never
+  moves the back-off: the server is fine, this process is busy.
+* **Events.** ``store_unavailable`` and ``pool_exhausted`` are emitted (and logged) at most
+  once per ``log_every`` seconds each; ``store_recovered`` only once an emitted
+  ``store_unavailable`` is over, so the two always pair up.
+
+``counts`` keeps the totals, for a status page or a metrics exporter to read.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-__all__ = ["StoreHealth"]
+from ._errors import StoreBusy
+from ._events import FuseEvent
+
+__all__ = ["HealthCounts", "StoreHealth"]
+
+
+@dataclass(slots=True)
+class HealthCounts:
+    """Totals since the fuse was made: decisions that did not get a verdict from the store,
+    by cause, and the outages reported.
+
+    >>> StoreHealth().counts.pool_exhausted
+    0
+    """
+
+    failed: int = 0  # the store raised (an outage, or the start of one)
+    skipped: int = 0  # not asked: the store was being skipped after repeated failures
+    pool_exhausted: int = 0  # no free connection within the wait: back-pressure
+    outages: int = 0  # store_unavailable events emitted
+    recoveries: int = 0  # store_recovered events emitted
 
 
 class StoreHealth:
@@ -19,7 +49,7 @@ class StoreHealth:
         *,
         threshold: int = 3,
         backoff: float = 1.0,
-        backoff_max: float = 30.0,
+        backoff_max: float = 5.0,
         log_every: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -27,10 +57,12 @@ class StoreHealth:
         self.backoff = backoff
         self.backoff_max = backoff_max
         self.log_every = log_every
+        self.counts = HealthCounts()
         self._clock = clock
         self._failures = 0
         self._skip_until = 0.0
-        self._next_log = 0.0
+        self._announced = False  # a store_unavailable was emitted and not yet recovered
+        self._next_log = {"store_unavailable": 0.0, "pool_exhausted": 0.0}
 
     @property
     def failing(self) -> bool:
@@ -38,23 +70,46 @@ class StoreHealth:
 
     def available(self) -> bool:
         """False while the store is being skipped after repeated failures."""
-        return self._failures < self.threshold or self._clock() >= self._skip_until
-
-    def failed(self) -> bool:
-        """Count a failure; True when this one should be logged (rate-limited)."""
-        self._failures += 1
-        now = self._clock()
-        if self._failures >= self.threshold:
-            extra = self._failures - self.threshold
-            self._skip_until = now + min(self.backoff * 2.0 ** min(extra, 16), self.backoff_max)
-        if now >= self._next_log:
-            self._next_log = now + self.log_every
+        if self._failures < self.threshold or self._clock() >= self._skip_until:
             return True
+        self.counts.skipped += 1
         return False
 
-    def succeeded(self) -> bool:
-        """Reset the count; True when this ends an outage (worth an event)."""
-        recovered = self._failures > 0
+    def failed(self, exc: BaseException, *, fail_closed: bool = False) -> FuseEvent | None:
+        """Count a failed store call; the event to report, when one is due (rate-limited)."""
+        failing = "closed" if fail_closed else "open"
+        if isinstance(exc, StoreBusy):
+            self.counts.pool_exhausted += 1
+            detail = f"no free store connection in time (back-pressure), failing {failing}: {exc}"
+            return self._due(FuseEvent("pool_exhausted", None, detail))
+        self.counts.failed += 1
+        self._failures += 1
+        if self._failures >= self.threshold:
+            extra = self._failures - self.threshold
+            delay = min(self.backoff * 2.0 ** min(extra, 16), self.backoff_max)
+            self._skip_until = self._clock() + delay
+        event = self._due(FuseEvent("store_unavailable", None, f"store unavailable, failing "
+                                    f"{failing}: {exc}"))  # fmt: skip
+        if event is not None:
+            self._announced = True
+            self.counts.outages += 1
+        return event
+
+    def succeeded(self) -> FuseEvent | None:
+        """The store answered: end the outage; ``store_recovered`` if one was reported."""
+        if not self._failures and not self._announced:
+            return None  # the common case, kept cheap: it runs on every decision
         self._failures = 0
         self._skip_until = 0.0
-        return recovered
+        if not self._announced:
+            return None
+        self._announced = False
+        self.counts.recoveries += 1
+        return FuseEvent("store_recovered", None, "store answers again")
+
+    def _due(self, event: FuseEvent) -> FuseEvent | None:
+        now = self._clock()
+        if now < self._next_log[event.kind]:
+            return None
+        self._next_log[event.kind] = now + self.log_every
+        return event

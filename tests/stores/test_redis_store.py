@@ -18,7 +18,8 @@ from tests.stores.conftest import delete_prefix, unique_prefix
 from tokenfuse import BucketPolicy, ConfigurationError, StoreUnavailable, VelocityPolicy
 from tokenfuse._stores.base import AsyncStore, Store, SyncStore
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_clients import URL_DEFAULTS, _cluster_url
+from tokenfuse._stores.redis_budget import COMMAND_TIMEOUT, CONNECT_TIMEOUT
+from tokenfuse._stores.redis_clients import _cluster_url
 from tokenfuse._stores.redis_scripts import script_sources, shake
 
 POLICY = VelocityPolicy(limit=1000)
@@ -96,7 +97,7 @@ def test_a_server_error_is_store_unavailable_too(foreign: Callable[[Any], object
 
 
 def test_from_url_defaults_are_short_and_overridable() -> None:
-    assert URL_DEFAULTS["socket_timeout"] == URL_DEFAULTS["socket_connect_timeout"] == 0.25
+    assert COMMAND_TIMEOUT == CONNECT_TIMEOUT == 0.25
     store = RedisStore.from_url("redis://127.0.0.1:1/0", socket_timeout=2.0)
     client = store._clients._make_sync() if store._clients._make_sync else None
     assert isinstance(client, redis.Redis)

@@ -42,9 +42,9 @@ from typing import Any
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy
 from .._core.velocity import VelocityPolicy, VelocityVerdict
-from .._errors import ConfigurationError, StoreUnavailable
+from .._errors import ConfigurationError
 from .base import UNSET, KeyStatus, Unset
-from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient
+from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient, unavailable
 from .redis_codec import (
     admit_args,
     admit_verdict,
@@ -76,7 +76,7 @@ class _Unavailable:
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, REDIS_ERRORS):
-            raise StoreUnavailable(f"redis {self.op} failed: {exc}") from exc
+            raise unavailable(self.op, exc) from exc
 
 
 class RedisStore:
@@ -118,8 +118,9 @@ class RedisStore:
         """A store with its own sync and asyncio clients, each built at its first use.
 
         ``redis+cluster://host:port`` (or ``cluster=True``) makes them cluster clients.
-        ``options`` go to redis-py; the defaults are short: ``socket_timeout=0.25``,
-        ``socket_connect_timeout=0.25``, ``health_check_interval=30`` and one immediate retry.
+        ``options`` go to redis-py; the defaults hold a decision to a 1 s budget
+        (``redis_budget``): 0.25 s socket and connect timeouts, a blocking pool of 50
+        connections waited on for at most 0.5 s, one immediate retry on a connection error.
 
         >>> store = RedisStore.from_url("redis+cluster://10.0.0.5:7000")  # doctest: +SKIP
         """

@@ -3,31 +3,42 @@ client built lazily from a URL, each with the operation scripts registered on it
 
 ``register_script`` gives us EVALSHA with redis-py's own NOSCRIPT handling (a ``SCRIPT FLUSH``
 or a restarted server costs one ``SCRIPT LOAD``, then EVALSHA again), on standalone, Sentinel
-and Cluster clients alike.
+and Cluster clients alike. The timeouts and pools of the clients built from a URL, and the
+checks of a client the caller gives, are in ``redis_budget``.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 try:
     import redis
     import redis.asyncio
     import redis.asyncio.cluster
-    import redis.asyncio.retry
     import redis.cluster
-    from redis.backoff import NoBackoff
-    from redis.commands.core import AsyncScript, Script
-    from redis.retry import Retry
+    from redis.commands.core import Script
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("RedisStore needs redis-py: pip install 'tokenfuse[redis]'") from exc
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, StoreBusy, StoreUnavailable
+from .redis_budget import (
+    POOL_WAIT,
+    AsyncBlockingPool,
+    SyncBlockingPool,
+    TurnTaking,
+    client_advice,
+    pool_exhausted,
+    url_options,
+)
 from .redis_scripts import script_sources
 
-__all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient"]
+__all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient", "unavailable"]
+
+logger = logging.getLogger("tokenfuse")
 
 SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
@@ -36,12 +47,16 @@ AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 #: RedisClusterException that is no RedisError, e.g. when no node answers).
 REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
-#: A decision must not wait long on Redis: the Fuse fails open and backs off instead.
-URL_DEFAULTS: dict[str, Any] = {
-    "socket_timeout": 0.25,
-    "socket_connect_timeout": 0.25,
-    "health_check_interval": 30,
-}
+#: A registered script of an asyncio client (``AsyncScript``, or one taking turns).
+AsyncCall = Callable[[Sequence[str], Sequence[str | bytes]], Awaitable[Any]]
+
+
+def unavailable(op: str, exc: BaseException) -> StoreUnavailable:
+    """The store error for a redis-py error: ``StoreBusy`` when only the pool was full."""
+    if pool_exhausted(exc):
+        return StoreBusy(f"redis {op} found no free connection: {exc}")
+    return StoreUnavailable(f"redis {op} failed: {exc}")
+
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -74,7 +89,7 @@ class Clients:
         self._sync: SyncClient | None = None
         self._async: AsyncClient | None = None
         self._sync_scripts: Mapping[str, Script] | None = None
-        self._async_scripts: Mapping[str, AsyncScript] | None = None
+        self._async_scripts: Mapping[str, AsyncCall] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -100,22 +115,23 @@ class Clients:
     def from_url(cls, url: str, *, cluster: bool, options: Mapping[str, Any]) -> Clients:
         url, cluster_scheme = _cluster_url(url)
         cluster = cluster or cluster_scheme
-        sync_options = {**URL_DEFAULTS, **options}
-        async_options = dict(sync_options)
-        # One immediate retry survives a stale pooled connection (a restarted server) without
-        # redis-py's default of ten retries with back-off on every call to a dead server.
-        sync_options.setdefault("retry", Retry(NoBackoff(), 1))
-        async_options.setdefault("retry", redis.asyncio.retry.Retry(NoBackoff(), 1))
+        sync_options = {**url_options(asyncio_client=False), **options}
+        async_options = {**url_options(asyncio_client=True), **options}
 
         def make_sync() -> SyncClient:
             if cluster:
-                return redis.cluster.RedisCluster.from_url(url, **sync_options)
-            return redis.Redis.from_url(url, **sync_options)
+                pool_class = functools.partial(SyncBlockingPool, timeout=POOL_WAIT)
+                return redis.cluster.RedisCluster.from_url(
+                    url, connection_pool_class=pool_class, **sync_options
+                )
+            pool = SyncBlockingPool.from_url(url, timeout=POOL_WAIT, **sync_options)
+            return redis.Redis.from_pool(pool)
 
         def make_async() -> AsyncClient:
             if cluster:
                 return redis.asyncio.cluster.RedisCluster.from_url(url, **async_options)
-            return redis.asyncio.Redis.from_url(url, **async_options)
+            pool = AsyncBlockingPool.from_url(url, timeout=POOL_WAIT, **async_options)
+            return redis.asyncio.Redis.from_pool(pool)
 
         described = "cluster, sync+async" if cluster else "sync+async"
         return cls(make_sync=make_sync, make_async=make_async, owned=True, described=described)
@@ -131,6 +147,7 @@ class Clients:
                             "astatus/areset/aconfigure, or RedisStore.from_url for both faces"
                         )
                     self._sync = client = self._make_sync()
+                    self._check(client)
                     self._sync_scripts = {
                         name: client.register_script(source)
                         for name, source in script_sources().items()
@@ -138,7 +155,7 @@ class Clients:
                 scripts = self._sync_scripts
         return scripts
 
-    def async_scripts(self) -> Mapping[str, AsyncScript]:
+    def async_scripts(self) -> Mapping[str, AsyncCall]:
         scripts = self._async_scripts
         if scripts is None:
             if self._make_async is None:
@@ -148,10 +165,30 @@ class Clients:
                 )
             # No lock: nothing awaits between the check and the assignment.
             self._async = client = self._make_async()
-            scripts = self._async_scripts = {
+            self._check(client)
+            registered = {
                 name: client.register_script(source) for name, source in script_sources().items()
             }
+            if isinstance(client, redis.asyncio.cluster.RedisCluster):
+                in_turn = TurnTaking.for_client(client)
+                scripts = {name: in_turn(script) for name, script in registered.items()}
+            else:
+                scripts = registered
+            self._async_scripts = scripts
         return scripts
+
+    def _check(self, client: SyncClient | AsyncClient) -> None:
+        """Say once, at first use, what in a caller's client breaks the decision budget."""
+        if self._owned:
+            return
+        advice = client_advice(client)
+        if advice:
+            logger.warning(
+                "tokenfuse: this RedisStore's %s client can hold decisions up or fail them "
+                "open under a burst; change: %s (or use RedisStore.from_url)",
+                type(client).__name__,
+                "; ".join(advice),
+            )
 
     def close(self) -> None:
         client, self._sync, self._sync_scripts = self._sync, None, None
