@@ -9,8 +9,9 @@ outage from back-pressure, and come back soon after the store does.
   within the wait) is counted as ``pool_exhausted``, reported as its own event and never
   moves the back-off: the server is fine, this process is busy.
 * **Events.** ``store_unavailable`` and ``pool_exhausted`` are emitted (and logged) at most
-  once per ``log_every`` seconds each; ``store_recovered`` only once an emitted
-  ``store_unavailable`` is over, so the two always pair up.
+  once per ``log_every`` seconds each, so a long outage is reported again every minute;
+  ``store_recovered`` only ends an outage that was reported, once: a store that flaps, or a
+  cluster with one dead node (keys on it fail, others succeed), pages once, not per success.
 
 ``counts`` keeps the totals, for a status page or a metrics exporter to read.
 """
@@ -39,8 +40,8 @@ class HealthCounts:
     failed: int = 0  # the store raised (an outage, or the start of one)
     skipped: int = 0  # not asked: the store was being skipped after repeated failures
     pool_exhausted: int = 0  # no free connection within the wait: back-pressure
-    outages: int = 0  # store_unavailable events emitted
-    recoveries: int = 0  # store_recovered events emitted
+    outages: int = 0  # outages reported (store_unavailable; a long one repeats it, once)
+    recoveries: int = 0  # store_recovered events: one per reported outage that ended
 
 
 class StoreHealth:
@@ -90,7 +91,7 @@ class StoreHealth:
             self._skip_until = self._clock() + delay
         event = self._due(FuseEvent("store_unavailable", None, f"store unavailable, failing "
                                     f"{failing}: {exc}"))  # fmt: skip
-        if event is not None:
+        if event is not None and not self._announced:
             self._announced = True
             self.counts.outages += 1
         return event

@@ -139,6 +139,9 @@ class _Throttle:
         return held
 
 
+_unavailable_log = _Throttle(1.0)  # a dead store fails every request: one line a second
+
+
 def _under(path: str, prefix: str) -> bool:
     """Segment-aware prefix: ``/tools`` covers ``/tools`` and ``/tools/x``, not ``/toolsx``."""
     prefix = prefix.rstrip("/")
@@ -347,8 +350,14 @@ class Guard:
         return Outcome(Reply.json(body, status=429, headers=headers), ())
 
     def unavailable(self, exc: StoreUnavailable) -> Reply:
-        """The store is down and the fuse fails closed: 503, never a 500."""
-        body = {"type": "store_unavailable", "message": str(exc), "retry_after": 1}
+        """The store is down and the fuse fails closed: 503, never a 500. The body is
+        generic: the store's error names hosts and ports, which is for the log only."""
+        held = _unavailable_log.take()
+        if held is not None:
+            more = f"; {held} more held back" if held else ""
+            logger.warning("tokenfuse: failing closed with 503: %s%s", exc, more)
+        message = "the rate limiter cannot decide right now; retry shortly"
+        body = {"type": "store_unavailable", "message": message, "retry_after": 1}
         return Reply.json(body, status=503, headers=(("Retry-After", "1"),))
 
     # -- machinery -----------------------------------------------------------------------------
