@@ -26,9 +26,10 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="ne
 class OwnRedis:
     """A redis-server this test owns: started on ``port``, stopped by its PID."""
 
-    def __init__(self, port: int, workdir: Path) -> None:
+    def __init__(self, port: int, workdir: Path, *settings: str) -> None:
         self.port = port
         self.workdir = workdir
+        self.settings = settings  # more redis-server arguments, e.g. "--maxmemory", "10mb"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -40,6 +41,7 @@ class OwnRedis:
             [
                 *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
                 *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+                *self.settings,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -4,7 +4,8 @@ client built lazily from a URL, each with the operation scripts registered on it
 ``register_script`` gives us EVALSHA with redis-py's own NOSCRIPT handling (a ``SCRIPT FLUSH``
 or a restarted server costs one ``SCRIPT LOAD``, then EVALSHA again), on standalone, Sentinel
 and Cluster clients alike. The timeouts and pools of the clients built from a URL, and the
-checks of a client the caller gives, are in ``redis_budget``.
+checks of a client the caller gives, are in ``redis_budget``; the check of the server's
+memory policy is in ``redis_server``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ try:
     import redis.asyncio
     import redis.asyncio.cluster
     import redis.cluster
-    from redis.commands.core import Script
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("RedisStore needs redis-py: pip install 'tokenfuse[redis]'") from exc
 
@@ -35,6 +35,7 @@ from .redis_budget import (
     url_options,
 )
 from .redis_scripts import script_sources
+from .redis_server import acheck_server, check_server
 
 __all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient", "unavailable"]
 
@@ -47,7 +48,9 @@ AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 #: RedisClusterException that is no RedisError, e.g. when no node answers).
 REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
-#: A registered script of an asyncio client (``AsyncScript``, or one taking turns).
+#: A registered script: ``(keys, args) -> reply`` (a redis-py ``Script``, or a wrapper).
+SyncCall = Callable[[Sequence[str], Sequence[str | bytes]], Any]
+#: The same for an asyncio client (``AsyncScript``, or one taking turns).
 AsyncCall = Callable[[Sequence[str], Sequence[str | bytes]], Awaitable[Any]]
 
 
@@ -88,8 +91,9 @@ class Clients:
         self.described = described
         self._sync: SyncClient | None = None
         self._async: AsyncClient | None = None
-        self._sync_scripts: Mapping[str, Script] | None = None
+        self._sync_scripts: Mapping[str, SyncCall] | None = None
         self._async_scripts: Mapping[str, AsyncCall] | None = None
+        self._server_checked = False
         self._lock = threading.Lock()
 
     @property
@@ -136,7 +140,7 @@ class Clients:
         described = "cluster, sync+async" if cluster else "sync+async"
         return cls(make_sync=make_sync, make_async=make_async, owned=True, described=described)
 
-    def sync_scripts(self) -> Mapping[str, Script]:
+    def sync_scripts(self) -> Mapping[str, SyncCall]:
         scripts = self._sync_scripts
         if scripts is None:
             with self._lock:
@@ -148,10 +152,11 @@ class Clients:
                         )
                     self._sync = client = self._make_sync()
                     self._check(client)
-                    self._sync_scripts = {
+                    registered = {
                         name: client.register_script(source)
                         for name, source in script_sources().items()
                     }
+                    self._sync_scripts = self._sync_first_use(client, registered)
                 scripts = self._sync_scripts
         return scripts
 
@@ -166,16 +171,55 @@ class Clients:
             # No lock: nothing awaits between the check and the assignment.
             self._async = client = self._make_async()
             self._check(client)
-            registered = {
+            registered: Mapping[str, AsyncCall] = {
                 name: client.register_script(source) for name, source in script_sources().items()
             }
             if isinstance(client, redis.asyncio.cluster.RedisCluster):
                 in_turn = TurnTaking.for_client(client)
-                scripts = {name: in_turn(script) for name, script in registered.items()}
-            else:
-                scripts = registered
-            self._async_scripts = scripts
+                registered = {name: in_turn(script) for name, script in registered.items()}
+            scripts = self._async_scripts = self._async_first_use(client, registered)
         return scripts
+
+    # The server's memory policy is read after the first decision that succeeds (a dead
+    # server at start-up must not cost a decision twice), once per store; then the plain
+    # scripts replace these wrappers.
+
+    def _first_success(self) -> bool:
+        with self._lock:
+            first, self._server_checked = not self._server_checked, True
+        return first
+
+    def _sync_first_use(
+        self, client: SyncClient, scripts: Mapping[str, SyncCall]
+    ) -> Mapping[str, SyncCall]:
+        wrappers: dict[str, SyncCall] = {}
+
+        def run(name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+            result = scripts[name](keys, args)
+            if self._sync_scripts is wrappers:
+                self._sync_scripts = scripts
+            if self._first_success():
+                check_server(client)
+            return result
+
+        wrappers.update({name: functools.partial(run, name) for name in scripts})
+        return wrappers
+
+    def _async_first_use(
+        self, client: AsyncClient, scripts: Mapping[str, AsyncCall]
+    ) -> Mapping[str, AsyncCall]:
+        wrappers: dict[str, AsyncCall] = {}
+
+        async def run(name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+            result = await scripts[name](keys, args)
+            if self._async_scripts is wrappers:
+                self._async_scripts = scripts
+            if self._first_success():
+                await acheck_server(client)
+            return result
+
+        wrappers.update({name: functools.partial(run, name) for name in scripts})
+        return wrappers
 
     def _check(self, client: SyncClient | AsyncClient) -> None:
         """Say once, at first use, what in a caller's client breaks the decision budget."""
