@@ -1,10 +1,16 @@
 """Store health: fail open without paying a dead store's timeout on every call, tell an
 outage from back-pressure, and come back soon after the store does.
 
-* **Outage.** After ``threshold`` consecutive failures the store is skipped for a back-off
-  period that doubles on each further failure, capped at ``backoff_max`` (5 s); the first
-  call after the period probes the store. So a dead store costs one probe per 5 s at most,
-  and enforcement resumes at most 5 s (plus one probe) after the store is back.
+* **Outage.** After ``threshold`` consecutive failures, and no success for ``backoff``
+  seconds, the store is skipped for a back-off period that doubles on each further failure,
+  capped at ``backoff_max`` (5 s); the first call after the period probes the store. So a
+  dead store costs one probe per 5 s at most, and enforcement resumes at most 5 s (plus
+  one probe) after the store is back.
+* **Partial outage.** A store that still answers some calls is not skipped: in a Redis
+  Cluster with one dead primary, the keys on the live nodes keep being enforced while the
+  keys on the dead one fail open, each paying its own failure. (Failures in a row come by
+  chance there: with a third of the keys on a dead node, one decision in 27 ends a run of
+  three.)
 * **Back-pressure.** ``StoreBusy`` (the store answers, but no pooled connection came free
   within the wait) is counted as ``pool_exhausted``, reported as its own event and never
   moves the back-off: the server is fine, this process is busy.
@@ -62,6 +68,8 @@ class StoreHealth:
         self._clock = clock
         self._failures = 0
         self._skip_until = 0.0
+        self._answered = False  # a call succeeded since the last failure
+        self._last_answer = float("-inf")  # about when, as of the failure after it
         self._announced = False  # a store_unavailable was emitted and not yet recovered
         self._next_log = {"store_unavailable": 0.0, "pool_exhausted": 0.0}
 
@@ -85,10 +93,12 @@ class StoreHealth:
             return self._due(FuseEvent("pool_exhausted", None, detail))
         self.counts.failed += 1
         self._failures += 1
-        if self._failures >= self.threshold:
+        now = self._clock()
+        if self._answered:
+            self._answered, self._last_answer = False, now
+        if self._failures >= self.threshold and now - self._last_answer >= self.backoff:
             extra = self._failures - self.threshold
-            delay = min(self.backoff * 2.0 ** min(extra, 16), self.backoff_max)
-            self._skip_until = self._clock() + delay
+            self._skip_until = now + min(self.backoff * 2.0 ** min(extra, 16), self.backoff_max)
         event = self._due(FuseEvent("store_unavailable", None, f"store unavailable, failing "
                                     f"{failing}: {exc}"))  # fmt: skip
         if event is not None and not self._announced:
@@ -98,6 +108,7 @@ class StoreHealth:
 
     def succeeded(self) -> FuseEvent | None:
         """The store answered: end the outage; ``store_recovered`` if one was reported."""
+        self._answered = True
         if not self._failures and not self._announced:
             return None  # the common case, kept cheap: it runs on every decision
         self._failures = 0

@@ -1,9 +1,9 @@
 """The redis-py clients behind a ``RedisStore``: one given by the caller, or a sync and an asyncio
 client built lazily from a URL, each with the operation scripts registered on it.
 
-``register_script`` gives us EVALSHA with redis-py's own NOSCRIPT handling (a ``SCRIPT FLUSH``
-or a restarted server costs one ``SCRIPT LOAD``, then EVALSHA again), on standalone, Sentinel
-and Cluster clients alike. The timeouts and pools of the clients built from a URL, and the
+Each operation is EVALSHA, and EVAL when the server answers NOSCRIPT (a ``SCRIPT FLUSH`` or a
+restarted server costs one EVAL, which caches the script again), on standalone, Sentinel and
+Cluster clients alike. The timeouts and pools of the clients built from a URL, and the
 checks of a client the caller gives, are in ``redis_budget``; the check of the server's
 memory policy is in ``redis_server``.
 """
@@ -11,6 +11,7 @@ memory policy is in ``redis_server``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -21,6 +22,8 @@ try:
     import redis.asyncio
     import redis.asyncio.cluster
     import redis.cluster
+    from redis._parsers.commands import AsyncCommandsParser
+    from redis.exceptions import NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("RedisStore needs redis-py: pip install 'tokenfuse[redis]'") from exc
 
@@ -69,6 +72,53 @@ def _cluster_url(url: str) -> tuple[str, bool]:
     scheme, sep, rest = url.partition("://")
     plain = _CLUSTER_SCHEMES.get(scheme.lower())
     return (f"{plain}{sep}{rest}", True) if plain else (url, False)
+
+
+class _Script:
+    """One operation's script on one client: EVALSHA, and EVAL when the server lacks it.
+
+    redis-py's ``register_script`` answers NOSCRIPT with a SCRIPT LOAD, which a cluster client
+    sends to every primary: with one primary down, a script that a live node had not cached
+    yet (its first use there, or after a restart) could never be loaded. EVAL runs on the
+    key's own node and caches the script there.
+    """
+
+    __slots__ = ("client", "sha", "source")
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.client = client
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+class SyncScript(_Script):
+    def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        try:
+            return self.client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return self.client.eval(self.source, len(keys), *keys, *args)
+
+
+class AsyncScript(_Script):
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        try:
+            return await self.client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self.client.eval(self.source, len(keys), *keys, *args)
+
+
+class _CommandTableOnce(AsyncCommandsParser):
+    """redis-py's asyncio cluster client reloads the server's whole command table (COMMAND:
+    100-300 ms of parsing on the event loop) each time it rebuilds its slot map, and it
+    rebuilds it after every failure on a dead node: with one primary down, a third of the
+    decisions would each stall every other one. The table does not change when a node dies:
+    load it once. (The sync client keeps its table already.)"""
+
+    __slots__ = ()
+
+    async def initialize(self, node: Any = None) -> None:
+        if not self.commands:
+            await super().initialize(node)
 
 
 class Clients:
@@ -133,7 +183,9 @@ class Clients:
 
         def make_async() -> AsyncClient:
             if cluster:
-                return redis.asyncio.cluster.RedisCluster.from_url(url, **async_options)
+                client = redis.asyncio.cluster.RedisCluster.from_url(url, **async_options)
+                client.commands_parser = _CommandTableOnce()
+                return client
             pool = AsyncBlockingPool.from_url(url, timeout=POOL_WAIT, **async_options)
             return redis.asyncio.Redis.from_pool(pool)
 
@@ -153,7 +205,7 @@ class Clients:
                     self._sync = client = self._make_sync()
                     self._check(client)
                     registered = {
-                        name: client.register_script(source)
+                        name: SyncScript(client, source)
                         for name, source in script_sources().items()
                     }
                     self._sync_scripts = self._sync_first_use(client, registered)
@@ -172,7 +224,7 @@ class Clients:
             self._async = client = self._make_async()
             self._check(client)
             registered: Mapping[str, AsyncCall] = {
-                name: client.register_script(source) for name, source in script_sources().items()
+                name: AsyncScript(client, source) for name, source in script_sources().items()
             }
             if isinstance(client, redis.asyncio.cluster.RedisCluster):
                 in_turn = TurnTaking.for_client(client)
