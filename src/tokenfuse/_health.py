@@ -1,11 +1,11 @@
 """Store health: fail open without paying a dead store's timeout on every call, tell an
 outage from back-pressure, and come back soon after the store does.
 
-* **Outage.** After ``threshold`` consecutive failures, and no success for ``backoff``
-  seconds, the store is skipped for a back-off period that doubles on each further failure,
-  capped at ``backoff_max`` (5 s); the first call after the period probes the store. So a
-  dead store costs one probe per 5 s at most, and enforcement resumes at most 5 s (plus
-  one probe) after the store is back.
+* **Outage.** After ``threshold`` consecutive failures, and no success for
+  ``answered_within`` seconds (1 s), the store is skipped for a back-off period that
+  doubles on each further failure, capped at ``backoff_max`` (5 s); the first call after
+  the period probes the store. So a dead store costs one probe per 5 s at most, and
+  enforcement resumes at most 5 s (plus one probe) after the store is back.
 * **Partial outage.** A store that still answers some calls is not skipped: in a Redis
   Cluster with one dead primary, the keys on the live nodes keep being enforced while the
   keys on the dead one fail open, each paying its own failure. (Failures in a row come by
@@ -51,18 +51,37 @@ class HealthCounts:
 
 
 class StoreHealth:
+    """When to skip a failing store, what to report about it, and the counts.
+
+    >>> health = StoreHealth(backoff_max=5.0)    # the defaults: 3 failures, 1 s, 5 s, 1 s
+    >>> fuse = Fuse(store, health=health)         # doctest: +SKIP
+    >>> health.counts.pool_exhausted              # read by a status page or an exporter
+    0
+
+    Args:
+        threshold: failures in a row before the store may be skipped.
+        backoff: the first skip period; it doubles with each further failure.
+        backoff_max: the longest skip period: how late enforcement may resume.
+        answered_within: a store that answered any call this recently is partly up (a
+            cluster with one dead node) and is not skipped.
+        log_every: the least seconds between two events (and log lines) of one kind.
+        clock: monotonic seconds (tests inject one).
+    """
+
     def __init__(
         self,
         *,
         threshold: int = 3,
         backoff: float = 1.0,
         backoff_max: float = 5.0,
+        answered_within: float = 1.0,
         log_every: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold = threshold
         self.backoff = backoff
         self.backoff_max = backoff_max
+        self.answered_within = answered_within
         self.log_every = log_every
         self.counts = HealthCounts()
         self._clock = clock
@@ -96,7 +115,7 @@ class StoreHealth:
         now = self._clock()
         if self._answered:
             self._answered, self._last_answer = False, now
-        if self._failures >= self.threshold and now - self._last_answer >= self.backoff:
+        if self._failures >= self.threshold and now - self._last_answer >= self.answered_within:
             extra = self._failures - self.threshold
             self._skip_until = now + min(self.backoff * 2.0 ** min(extra, 16), self.backoff_max)
         event = self._due(FuseEvent("store_unavailable", None, f"store unavailable, failing "

@@ -8,6 +8,7 @@ the outages are real redis-servers of the tests' own, stopped and started by PID
 
 from __future__ import annotations
 
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,30 @@ def test_the_back_off_never_exceeds_five_seconds(clock: Clock) -> None:
     assert not health.available()
     clock.advance(0.01)
     assert health.available()
+
+
+def test_a_store_that_answers_some_calls_is_never_skipped(clock: Clock) -> None:
+    health = StoreHealth(clock=clock)
+    rng = random.Random(3)
+    for _ in range(3000):  # a third of the keys live on a dead node: runs of failures
+        clock.advance(0.01)
+        assert health.available()
+        if rng.random() < 1 / 3:
+            health.failed(StoreUnavailable("node down"))
+        else:
+            health.succeeded()
+    assert health.counts.skipped == 0 and health.counts.failed > 900
+
+
+def test_a_store_that_stops_answering_is_skipped_after_a_quiet_second(clock: Clock) -> None:
+    health = StoreHealth(clock=clock)
+    health.succeeded()
+    for _ in range(4):  # 0, 0.25, 0.5, 0.75 s after the last answer
+        health.failed(StoreUnavailable("down"))
+        clock.advance(0.25)
+        assert health.available()
+    health.failed(StoreUnavailable("down"))  # a second without an answer
+    assert not health.available()
 
 
 @pytest.fixture
