@@ -5,8 +5,9 @@ Configured from the environment so that a uvicorn process can run it:
 
     python -m uvicorn tests.drills.burst_app:app --port 8001
 
-``GET /stats`` (not guarded) answers how many guarded calls reached the tool and how many of
-those were let through because the decision was degraded (the store was not consulted).
+``GET /stats`` (not guarded) answers how many guarded calls reached the tool, how many of
+those were let through because the decision was degraded (the store was not consulted), and
+the fuse's events (kind: first detail).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tokenfuse import BucketPolicy
 from tokenfuse._middleware import DECISION_KEY, TokenFuse, inbound_fuse
 from tokenfuse._stores.redis import RedisStore
 
-counts = {"served": 0, "degraded": 0}
+counts: dict[str, object] = {"served": 0, "degraded": 0, "events": {}}
 
 
 async def _reply(send: Any, body: object) -> None:
@@ -35,8 +36,8 @@ async def _tool(scope: Any, receive: Any, send: Any) -> None:
     if scope["path"] == "/stats":
         await _reply(send, counts)
         return
-    counts["served"] += 1
-    counts["degraded"] += scope[DECISION_KEY].degraded
+    counts["served"] += 1  # type: ignore[operator]
+    counts["degraded"] += scope[DECISION_KEY].degraded  # type: ignore[operator]
     await _reply(send, {"ok": True})
 
 
@@ -47,7 +48,11 @@ def _app() -> Any:
     bucket = BucketPolicy(
         rate=float(os.environ["BURST_RATE"]), capacity=float(os.environ["BURST_CAPACITY"])
     )
-    return TokenFuse(_tool, fuse=inbound_fuse(store, bucket=bucket), exclude=["/stats"])
+    events: Any = counts["events"]
+    fuse = inbound_fuse(
+        store, bucket=bucket, on_event=lambda e: events.setdefault(e.kind, e.detail)
+    )
+    return TokenFuse(_tool, fuse=fuse, exclude=["/stats"])
 
 
 app: Any = _app() if "BURST_PREFIX" in os.environ else None

@@ -43,8 +43,9 @@ def prefix(redis_url: str) -> Iterator[str]:
         client.close()
 
 
-def assert_contained(admitted: int, degraded: int, elapsed: float) -> None:
-    assert degraded == 0, f"{degraded} of {BURST} decisions failed open"
+def assert_contained(admitted: int, degraded: int, elapsed: float, events: object = None) -> None:
+    print(f"{admitted}/{BURST} admitted in {elapsed:.2f} s, {degraded} degraded")  # -rP
+    assert degraded == 0, f"{degraded} of {BURST} decisions failed open: {events}"
     assert CAPACITY <= admitted <= CAPACITY + RATE * elapsed + 1e-9, (
         f"{admitted} of {BURST} admitted in {elapsed:.2f} s"
     )
@@ -99,7 +100,7 @@ async def test_uvicorn_app_on_redis_store(redis_url: str, prefix: str) -> None:
     assert set(statuses) <= {200, 429}
     admitted = statuses.count(200)
     assert stats["served"] == admitted + 1  # and the warm-up
-    assert_contained(admitted, stats["degraded"], elapsed)
+    assert_contained(admitted, stats["degraded"], elapsed, stats["events"])
 
 
 def test_sync_threads_on_one_store(redis_url: str, prefix: str) -> None:

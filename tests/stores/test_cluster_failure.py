@@ -125,6 +125,8 @@ async def test_keys_on_live_nodes_keep_being_enforced(private_cluster: Path) -> 
         decision = fuse.record(who, 1) if n % 2 else await fuse.arecord(who, 1)
         outcomes["live" if who in on_live else "dead"].append(decision.degraded)
 
+    for side, degraded in outcomes.items():  # -rP
+        print(f"{side}-node keys: {sum(degraded)} of {len(degraded)} decisions failed open")
     assert not any(outcomes["live"]), f"{sum(outcomes['live'])} live-node decisions failed open"
     assert all(outcomes["dead"])  # its keys cannot be read: fail open, counted
     assert fuse.health.counts.skipped == 0

@@ -50,7 +50,7 @@ def test_redis_py_defaults_are_named_once_with_the_fix(
     assert "socket_timeout=5 lets a dead or blackholed server hold each decision 5 s" in warning
     assert "use 0.25" in warning
     assert "10 retries repeat that wait" in warning
-    assert "BlockingConnectionPool(max_connections=50, timeout=0.5)" in warning
+    assert "BlockingConnectionPool(max_connections=50, timeout=2.0)" in warning
     assert client.get_connection_kwargs()["socket_timeout"] == 5  # the caller's, unchanged
     client.close()
 
@@ -112,7 +112,7 @@ def test_cluster_clients_are_checked(cluster_url: str) -> None:
     client = RedisCluster.from_url(cluster_url)
     advice = client_advice(client)
     assert "socket_timeout=5 " in advice[0]
-    assert "connection_pool_class=partial(BlockingConnectionPool, timeout=0.5)" in advice[-1]
+    assert "connection_pool_class=partial(BlockingConnectionPool, timeout=2.0)" in advice[-1]
     client.close()
     built = RedisStore.from_url(cluster_url, cluster=True)._clients
     assert built._make_sync is not None and built._make_async is not None

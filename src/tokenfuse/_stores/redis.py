@@ -118,9 +118,9 @@ class RedisStore:
         """A store with its own sync and asyncio clients, each built at its first use.
 
         ``redis+cluster://host:port`` (or ``cluster=True``) makes them cluster clients.
-        ``options`` go to redis-py; the defaults hold a decision to a 1 s budget
-        (``redis_budget``): 0.25 s socket and connect timeouts, a blocking pool of 50
-        connections waited on for at most 0.5 s, one immediate retry on a connection error.
+        ``options`` go to redis-py; the defaults bound what a decision waits
+        (``redis_budget``): 0.25 s for an answer, 1 s to connect, a blocking pool of 50
+        connections waited on for at most 2 s, one immediate retry on a connection error.
 
         >>> store = RedisStore.from_url("redis+cluster://10.0.0.5:7000")  # doctest: +SKIP
         """

@@ -1,18 +1,29 @@
 """How long one decision may wait on Redis, and the client settings that hold it to that.
 
-A guard must not hold up the call it guards. A decision waits on Redis at most::
+A guard must not hold up the call it guards for long, nor give up on a healthy store because
+its own process is busy. A decision waits at most::
 
-    POOL_WAIT        0.5 s   for a pooled connection while every one is busy (back-pressure)
-    CONNECT_TIMEOUT  0.25 s  to open a connection, when the pool needs a new one
-    COMMAND_TIMEOUT  0.25 s  for the script's answer: it runs in microseconds, so this much
-                             silence is a dead, stopped or blackholed server
+    POOL_WAIT        2 s     for a pooled connection while every one is busy: back-pressure
+                             from this process's own load, so it waits rather than fail open
+    CONNECT_TIMEOUT  1 s     to open a connection, when the pool needs a new one: a host that
+                             does not answer the TCP handshake
+    COMMAND_TIMEOUT  0.25 s  for the script's answer (the connection's handshake included):
+                             the script runs in microseconds, so this much silence is a dead,
+                             stopped or blackholed server
     ---------------  ------
-    DECISION_BUDGET  1 s
+    DECISION_BUDGET  3.25 s  the sum, which no single failure reaches: a blackholed server
+                             costs a decision 0.25 s, an unreachable host 1 s
 
 then the decision fails open (or closed with ``Fuse(fail_closed=True)``) and the fuse's
 ``StoreHealth`` takes over. Timeouts are not retried (a retry would double the wait); a
 connection error is retried once, at once, so a pooled connection that a restarted server
 closed costs one reconnect rather than a failed decision.
+
+The two waits that only our own load can stretch are the generous ones. An asyncio client
+measures its timeouts on the event loop, and a loop busy with a burst of requests runs late:
+on a 2-core machine at load 10, a burst of 400 requests on one uvicorn worker kept some
+decisions 1-2 s in the pool wait and some TCP connects over 0.25 s, which with tighter
+values failed 35-180 of the 400 open.
 
 **Pool.** ``RedisStore.from_url`` gives each client (sync and asyncio) a *blocking* pool of
 ``POOL_SIZE`` (50) connections. A decision holds a connection for one round trip (0.2-0.5 ms
@@ -64,8 +75,8 @@ __all__ = [
     "url_options",
 ]
 
-POOL_WAIT = 0.5
-CONNECT_TIMEOUT = 0.25
+POOL_WAIT = 2.0
+CONNECT_TIMEOUT = 1.0
 COMMAND_TIMEOUT = 0.25
 DECISION_BUDGET = POOL_WAIT + CONNECT_TIMEOUT + COMMAND_TIMEOUT
 POOL_SIZE = 50
