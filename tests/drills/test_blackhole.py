@@ -11,17 +11,15 @@ The back-off runs on an injected clock; only the cost of each decision is real t
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import Clock
-from tests.stores.test_outage import OwnRedis
+from tests.stores.conftest import OwnRedis
 from tokenfuse import Fuse, FuseEvent, VelocityPolicy
 from tokenfuse._health import StoreHealth
 from tokenfuse._stores.redis import RedisStore
@@ -81,26 +79,12 @@ async def test_async_blackholed_server_costs_one_timeout(blackhole: str, clock: 
     await fuse.store.aclose()  # type: ignore[union-attr]
 
 
-@pytest.fixture
-def stoppable_redis(free_port: int, tmp_path: Path) -> Iterator[OwnRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs redis-server")
-    server = OwnRedis(free_port, tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        assert server.process is not None
-        os.kill(server.process.pid, signal.SIGCONT)  # a stopped process cannot stop
-        server.stop()
-
-
-def test_sigstopped_server_mid_use(stoppable_redis: OwnRedis, clock: Clock) -> None:
+def test_sigstopped_server_mid_use(own_redis: OwnRedis, clock: Clock) -> None:
     events: list[FuseEvent] = []
-    fuse = make_fuse(stoppable_redis.url, clock, events)
+    fuse = make_fuse(own_redis.url, clock, events)
     assert fuse.record("k", 60).allowed  # connected, scripts loaded
-    assert stoppable_redis.process is not None
-    pid = stoppable_redis.process.pid
+    assert own_redis.process is not None
+    pid = own_redis.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
         costs = []

@@ -10,37 +10,22 @@ with no decision degraded.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from tests.middleware.servers import free_port, running
-from tests.stores.conftest import delete_prefix
+from tests.stores.conftest import all_at_once
 from tokenfuse import BucketPolicy, Fuse
 from tokenfuse._stores.redis import RedisStore
 
 pytestmark = pytest.mark.redis
-redis = pytest.importorskip("redis")
 httpx = pytest.importorskip("httpx")
 
 BURST = 400
 CAPACITY = 50
 RATE = 1.0  # per second: the refill during a burst of a second or two is a token or two
 BUCKET = BucketPolicy(rate=RATE, capacity=CAPACITY)
-
-
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    name = f"tf-burst-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    try:
-        delete_prefix(client, name)
-    finally:
-        client.close()
 
 
 def assert_contained(admitted: int, degraded: int, elapsed: float, events: object = None) -> None:
@@ -107,23 +92,10 @@ def test_sync_threads_on_one_store(redis_url: str, prefix: str) -> None:
     store = RedisStore.from_url(redis_url, prefix=prefix)
     fuse = Fuse(store, velocity=None, bucket=BUCKET)
     fuse.gate("warm-up")  # connect and load the scripts before the burst
-    start = threading.Barrier(BURST + 1)
-    decisions = []
-
-    def one() -> None:
-        start.wait(30)
-        decisions.append(fuse.admit("agent"))
-
-    threads = [threading.Thread(target=one) for _ in range(BURST)]
-    for thread in threads:
-        thread.start()
-    start.wait(30)
     started = time.monotonic()
-    for thread in threads:
-        thread.join(30)
+    decisions = all_at_once(lambda: fuse.admit("agent"), BURST)
     elapsed = time.monotonic() - started
     store.close()
-    assert len(decisions) == BURST
     admitted = sum(d.allowed for d in decisions)
     assert_contained(admitted, sum(d.degraded for d in decisions), elapsed)
 

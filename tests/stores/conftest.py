@@ -3,14 +3,25 @@
 Tests ``await backend.record(...)`` whatever the backend; for an async face that awaits the
 store's ``arecord``, so the async path really runs (the plain method is never called).
 Redis backends use a prefix of their own and delete only their own keys afterwards.
+
+Also here: ``prefix`` (a key prefix of the test's own on the shared Redis), ``OwnRedis`` and
+``own_redis`` (a redis-server of the test's own, stopped by PID), ``all_at_once`` (a burst
+of threads).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import fakeredis
 import pytest
@@ -134,3 +145,85 @@ async def redis_backend(request: pytest.FixtureRequest, clock: Clock) -> AsyncIt
     opened = await open_backend(request.param, request, clock)
     yield opened
     await close_backend(opened)
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis; its keys are deleted after."""
+    name = unique_prefix()
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    delete_prefix(client, name)
+    client.close()
+
+
+class OwnRedis:
+    """A redis-server this test owns: started on ``port``, stopped by its PID."""
+
+    def __init__(self, port: int, workdir: Path, *settings: str) -> None:
+        self.port = port
+        self.workdir = workdir
+        self.settings = settings  # more redis-server arguments, e.g. "--maxmemory", "10mb"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+                *self.settings,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # waiting for a server to boot, not for timing
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:  # a stopped (SIGSTOP) server cannot exit
+                os.kill(self.process.pid, signal.SIGCONT)
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture
+def own_redis(free_port: int, tmp_path: Path) -> Iterator[OwnRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    server = OwnRedis(free_port, tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+T = TypeVar("T")
+
+
+def all_at_once(call: Callable[[], T], times: int) -> list[T]:
+    """``call`` from ``times`` threads released together; their results."""
+    start = threading.Barrier(times)
+    results: list[T] = []
+
+    def one() -> None:
+        start.wait(30)
+        results.append(call())
+
+    threads = [threading.Thread(target=one) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(results) == times
+    return results

@@ -8,14 +8,13 @@ back-off that protects callers from a dead server (the server is fine).
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from tests.stores.conftest import delete_prefix, unique_prefix
+from tests.stores.conftest import all_at_once, unique_prefix
 from tokenfuse import BucketPolicy, Fuse, FuseEvent
 from tokenfuse._errors import StoreBusy
 from tokenfuse._health import StoreHealth
@@ -23,15 +22,6 @@ from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_budget import POOL_WAIT, pool_exhausted
 
 BUCKET = BucketPolicy(rate=1, capacity=50)
-
-
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    name = unique_prefix()
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    delete_prefix(client, name)
-    client.close()
 
 
 def one_connection_fuse(url: str, prefix: str, events: list[FuseEvent], **kwargs: Any) -> Fuse:
@@ -165,18 +155,6 @@ def test_sync_cluster_burst_waits_for_connections(cluster_url: str, cluster_pref
                                 max_connections=10)  # fmt: skip
     fuse, events = burst_fuse(store)
     fuse.gate("agent")
-    start = threading.Barrier(BURST)
-    decisions = []
-
-    def one() -> None:
-        start.wait(30)
-        decisions.append(fuse.admit("agent"))
-
-    threads = [threading.Thread(target=one) for _ in range(BURST)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    decisions = all_at_once(lambda: fuse.admit("agent"), BURST)
     store.close()
-    assert len(decisions) == BURST
     assert_contained(decisions, events)

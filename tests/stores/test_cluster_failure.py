@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 
-from tests.middleware.servers import ROOT
+from tests.middleware.servers import ROOT, _answers
 from tokenfuse import Fuse, FuseEvent, VelocityPolicy
 from tokenfuse._identity import Identity
 from tokenfuse._stores.redis import RedisStore
@@ -44,14 +43,6 @@ FIRST_PORT = 7400
 PORTS = (FIRST_PORT, FIRST_PORT + 1, FIRST_PORT + 2)
 PREFIX = "tf-drill"
 CEILING = VelocityPolicy(limit=100)
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), 0.2):
-            return True
-    except OSError:
-        return False
 
 
 def _script(action: str, workdir: Path) -> None:

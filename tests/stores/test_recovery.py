@@ -9,14 +9,9 @@ the outages are real redis-servers of the tests' own, stopped and started by PID
 from __future__ import annotations
 
 import random
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.conftest import Clock
-from tests.stores.test_outage import OwnRedis
+from tests.stores.conftest import OwnRedis
 from tokenfuse import Fuse, FuseEvent, StoreUnavailable, VelocityPolicy
 from tokenfuse._errors import StoreBusy
 from tokenfuse._health import StoreHealth
@@ -84,16 +79,6 @@ def test_a_store_that_stops_answering_is_skipped_after_a_quiet_second(clock: Clo
         assert health.available()
     health.failed(StoreUnavailable("down"))  # a second without an answer
     assert not health.available()
-
-
-@pytest.fixture
-def own_redis(free_port: int, tmp_path: Path) -> Iterator[OwnRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs redis-server")
-    server = OwnRedis(free_port, tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def fuse_on(server: OwnRedis, clock: Clock, events: list[FuseEvent]) -> Fuse:

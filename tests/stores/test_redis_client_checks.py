@@ -8,7 +8,6 @@ changes a client it was given; it says, once, what to change.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pytest
@@ -17,20 +16,10 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.stores.conftest import delete_prefix, unique_prefix
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_budget import client_advice
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    name = unique_prefix()
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    delete_prefix(client, name)
-    client.close()
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stores.test_outage import OwnRedis
+from tests.stores.conftest import OwnRedis
 from tokenfuse import StoreUnavailable
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_server import MemoryPolicy, acheck_server, check_server, memory_advice
