@@ -51,7 +51,8 @@ class HealthCounts:
 
 
 class StoreHealth:
-    """When to skip a failing store, what to report about it, and the counts.
+    """How a ``Fuse`` backs off a failing store (``Fuse(health=...)``), what it reports
+    about it, and the counts.
 
     >>> health = StoreHealth(backoff_max=5.0)    # the defaults: 3 failures, 1 s, 5 s, 1 s
     >>> fuse = Fuse(store, health=health)         # doctest: +SKIP
@@ -91,10 +92,6 @@ class StoreHealth:
         self._last_answer = float("-inf")  # about when, as of the failure after it
         self._announced = False  # a store_unavailable was emitted and not yet recovered
         self._next_log = {"store_unavailable": 0.0, "pool_exhausted": 0.0}
-
-    @property
-    def failing(self) -> bool:
-        return self._failures > 0
 
     def available(self) -> bool:
         """False while the store is being skipped after repeated failures."""

@@ -1,6 +1,5 @@
-"""The drills use the store tests' fixtures: a key prefix of their own, a redis-server of
-their own."""
+"""The drills use the store tests' redis-server of their own (``own_redis``)."""
 
-from tests.stores.conftest import own_redis, prefix
+from tests.stores.conftest import own_redis
 
-__all__ = ["own_redis", "prefix"]
+__all__ = ["own_redis"]

@@ -58,11 +58,11 @@ async def post(connection: Connection, port: int, path: str, headers: dict[str, 
     return int(status_line.split()[1])
 
 
-async def test_uvicorn_app_on_redis_store(redis_url: str, prefix: str) -> None:
+async def test_uvicorn_app_on_redis_store(redis_url: str, redis_prefix: str) -> None:
     port = free_port()
     env = {
         "TOKENFUSE_REDIS_URL": redis_url,
-        "BURST_PREFIX": prefix,
+        "BURST_PREFIX": redis_prefix,
         "BURST_RATE": str(RATE),
         "BURST_CAPACITY": str(CAPACITY),
     }
@@ -88,8 +88,8 @@ async def test_uvicorn_app_on_redis_store(redis_url: str, prefix: str) -> None:
     assert_contained(admitted, stats["degraded"], elapsed, stats["events"])
 
 
-def test_sync_threads_on_one_store(redis_url: str, prefix: str) -> None:
-    store = RedisStore.from_url(redis_url, prefix=prefix)
+def test_sync_threads_on_one_store(redis_url: str, redis_prefix: str) -> None:
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
     fuse = Fuse(store, velocity=None, bucket=BUCKET)
     fuse.gate("warm-up")  # connect and load the scripts before the burst
     started = time.monotonic()
@@ -100,8 +100,8 @@ def test_sync_threads_on_one_store(redis_url: str, prefix: str) -> None:
     assert_contained(admitted, sum(d.degraded for d in decisions), elapsed)
 
 
-async def test_asyncio_tasks_on_one_store(redis_url: str, prefix: str) -> None:
-    store = RedisStore.from_url(redis_url, prefix=prefix)
+async def test_asyncio_tasks_on_one_store(redis_url: str, redis_prefix: str) -> None:
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
     fuse = Fuse(store, velocity=None, bucket=BUCKET)
     await fuse.agate("warm-up")
     started = time.monotonic()

@@ -21,11 +21,12 @@ AUTH = {"Authorization": "Bearer sk-test-closed-0001"}
 def test_the_503_body_names_no_server_and_the_log_does(
     serve: Callable[..., Call], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tokenfuse._middleware import policy
+    from tokenfuse._middleware import reply as reply_module
+    from tokenfuse._middleware import throttle
     from tokenfuse._stores.redis import RedisStore
 
     # The log throttle is per process: start this test with a fresh one.
-    monkeypatch.setattr(policy, "_unavailable_log", policy._Throttle(1.0))
+    monkeypatch.setattr(reply_module, "_unavailable_log", throttle.Throttle(1.0))
 
     port = free_port()
     store = RedisStore.from_url(f"redis://127.0.0.1:{port}/0", prefix="tf-mw-closed")

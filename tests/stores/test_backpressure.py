@@ -38,10 +38,10 @@ def shorten_wait(pool: Any) -> None:
 
 @pytest.mark.redis
 def test_a_full_pool_is_counted_as_back_pressure_and_never_backs_off(
-    redis_url: str, prefix: str
+    redis_url: str, redis_prefix: str
 ) -> None:
     events: list[FuseEvent] = []
-    fuse = one_connection_fuse(redis_url, prefix, events)
+    fuse = one_connection_fuse(redis_url, redis_prefix, events)
     assert not fuse.admit("agent").degraded
     pool = fuse.store._clients._sync.connection_pool  # type: ignore[union-attr]
     shorten_wait(pool)
@@ -59,9 +59,9 @@ def test_a_full_pool_is_counted_as_back_pressure_and_never_backs_off(
 
 
 @pytest.mark.redis
-async def test_async_a_full_pool_is_back_pressure(redis_url: str, prefix: str) -> None:
+async def test_async_a_full_pool_is_back_pressure(redis_url: str, redis_prefix: str) -> None:
     events: list[FuseEvent] = []
-    fuse = one_connection_fuse(redis_url, prefix, events)
+    fuse = one_connection_fuse(redis_url, redis_prefix, events)
     assert not (await fuse.aadmit("agent")).degraded
     pool = fuse.store._clients._async.connection_pool  # type: ignore[union-attr]
     shorten_wait(pool)
@@ -76,8 +76,8 @@ async def test_async_a_full_pool_is_back_pressure(redis_url: str, prefix: str) -
 
 
 @pytest.mark.redis
-def test_fail_closed_raises_store_busy(redis_url: str, prefix: str) -> None:
-    fuse = one_connection_fuse(redis_url, prefix, [], fail_closed=True)
+def test_fail_closed_raises_store_busy(redis_url: str, redis_prefix: str) -> None:
+    fuse = one_connection_fuse(redis_url, redis_prefix, [], fail_closed=True)
     fuse.gate("agent")
     pool = fuse.store._clients._sync.connection_pool  # type: ignore[union-attr]
     shorten_wait(pool)

@@ -16,6 +16,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tokenfuse._stores.ops import Gate
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_budget import client_advice
 
@@ -27,14 +28,14 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_redis_py_defaults_are_named_once_with_the_fix(
-    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = urlparse(redis_url)
     client = redis.Redis(host=url.hostname or "", port=url.port or 6379, db=int(url.path[1:]))
-    store = RedisStore(client, prefix=prefix)
+    store = RedisStore(client, prefix=redis_prefix)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        store.gate("k")
-        store.gate("k")
+        store.run(Gate("k"))
+        store.run(Gate("k"))
     [warning] = warnings_of(caplog)
     assert "socket_timeout=5 lets a dead or blackholed server hold each decision 5 s" in warning
     assert "use 0.25" in warning
@@ -45,12 +46,12 @@ def test_redis_py_defaults_are_named_once_with_the_fix(
 
 
 async def test_asyncio_client_is_checked_too(
-    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=None)
-    store = RedisStore(client, prefix=prefix)
+    store = RedisStore(client, prefix=redis_prefix)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        await store.agate("k")
+        await store.arun(Gate("k"))
     [warning] = warnings_of(caplog)
     assert "socket_timeout=None lets a dead or blackholed server hold each decision for ever" in (
         warning
@@ -59,7 +60,7 @@ async def test_asyncio_client_is_checked_too(
 
 
 def test_a_client_within_the_budget_passes_silently(
-    redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     pool = redis.BlockingConnectionPool.from_url(
         redis_url, max_connections=20, timeout=0.2, socket_timeout=0.1,
@@ -67,7 +68,7 @@ def test_a_client_within_the_budget_passes_silently(
     )  # fmt: skip
     client = redis.Redis(connection_pool=pool)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        RedisStore(client, prefix=prefix).gate("k")
+        RedisStore(client, prefix=redis_prefix).run(Gate("k"))
     assert warnings_of(caplog) == []
     client.close()
     pool.disconnect()

@@ -17,6 +17,7 @@ import pytest
 
 from tests.stores.conftest import OwnRedis
 from tokenfuse import StoreUnavailable
+from tokenfuse._stores.ops import Gate
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_server import MemoryPolicy, acheck_server, check_server, memory_advice
 
@@ -67,7 +68,7 @@ def test_policies_that_lose_or_refuse_keys_are_warned_about_once(
     store = RedisStore.from_url(server.url)
     with caplog.at_level(logging.INFO, logger="tokenfuse"):
         for _ in range(3):
-            store.gate("k")
+            store.run(Gate("k"))
     found = warnings_of(caplog)
     if warned is None:
         assert found == []
@@ -85,9 +86,9 @@ async def test_both_faces_of_a_store_warn_once(
     server = start_redis("--maxmemory-policy", "allkeys-lru")
     store = RedisStore.from_url(server.url)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        await store.agate("k")
-        store.gate("k")
-        await store.agate("k")
+        await store.arun(Gate("k"))
+        store.run(Gate("k"))
+        await store.arun(Gate("k"))
     assert len(warnings_of(caplog)) == 1
     await store.aclose()
 
@@ -98,7 +99,7 @@ def test_config_renamed_away_falls_back_to_info(
     server = start_redis("--maxmemory-policy", "allkeys-lru", "--rename-command", "CONFIG", "")
     store = RedisStore.from_url(server.url)
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        store.gate("k")
+        store.run(Gate("k"))
     [warning] = warnings_of(caplog)
     assert "maxmemory-policy allkeys-lru" in warning
     store.close()
@@ -110,7 +111,7 @@ def test_nothing_to_read_is_said_quietly_and_never_fails_a_decision(
     server = start_redis("--rename-command", "CONFIG", "", "--rename-command", "INFO", "")
     store = RedisStore.from_url(server.url)
     with caplog.at_level(logging.INFO, logger="tokenfuse"):
-        assert store.gate("k").allowed
+        assert store.run(Gate("k")).allowed
     assert warnings_of(caplog) == []
     assert "could not read the Redis maxmemory-policy" in caplog.text
     store.close()
@@ -121,11 +122,11 @@ def test_a_server_that_is_down_at_first_use_is_checked_when_it_answers(
 ) -> None:
     store = RedisStore.from_url(f"redis://127.0.0.1:{free_port}/0")
     with caplog.at_level(logging.INFO, logger="tokenfuse"), pytest.raises(StoreUnavailable):
-        store.gate("k")
+        store.run(Gate("k"))
     assert "maxmemory" not in caplog.text  # no second wait on a dead server
     start_redis("--maxmemory-policy", "allkeys-lru")
     with caplog.at_level(logging.WARNING, logger="tokenfuse"):
-        store.gate("k")
+        store.run(Gate("k"))
     assert "maxmemory-policy allkeys-lru" in caplog.text
     store.close()
 
