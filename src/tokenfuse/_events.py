@@ -10,7 +10,7 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hooks", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
@@ -19,6 +19,7 @@ EventKind = Literal[
     "near_limit",
     "store_unavailable",
     "store_recovered",
+    "pool_exhausted",
     "usage_estimated",
     "usage_unknown",
     "usage_partial",

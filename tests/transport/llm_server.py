@@ -51,6 +51,16 @@ def prompt_tokens(request: dict[str, Any]) -> int:
     return words + 4 * len(messages)
 
 
+async def read_body(receive: Receive) -> bytes:
+    """The whole body of an ASGI request."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 def chat_body(completion_tokens: int, prompt: int = PROMPT_TOKENS) -> bytes:
     usage = {
         "prompt_tokens": prompt,
@@ -137,12 +147,7 @@ class LLMServer:
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         self.requests += 1
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.bodies.append(body)
         options = json.loads(body or b"{}")
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}

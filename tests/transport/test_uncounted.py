@@ -17,17 +17,10 @@ import openai
 import pytest
 
 from tests.conftest import Clock
-from tokenfuse import (
-    Fuse,
-    FuseEvent,
-    FuseStats,
-    Identity,
-    LoopSuspected,
-    MemoryStore,
-    UsageCounts,
-    VelocityPolicy,
-)
+from tokenfuse import Fuse, LoopSuspected, MemoryStore, VelocityPolicy
 from tokenfuse._transport import FuseReport, FuseTransport
+from tokenfuse.events import FuseEvent
+from tokenfuse.fuse import FuseStats, Identity, UsageCounts
 
 from .bodies import CASES
 from .conftest import ChunkServer

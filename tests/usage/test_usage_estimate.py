@@ -7,18 +7,20 @@ import json
 
 import pytest
 
-from tokenfuse._usage import (
+from tokenfuse._usage import Usage
+from tokenfuse._usage.estimate import (
     BYTES_PER_TOKEN,
-    Usage,
-    refuses_usage_option,
+    TextCounter,
     request_text_bytes,
-    streams_without_usage,
-    takes_usage_option,
     tokens_for,
     with_input,
+)
+from tokenfuse._usage.providers import takes_usage_option
+from tokenfuse._usage.request import (
+    refuses_usage_option,
+    streams_without_usage,
     with_usage_option,
 )
-from tokenfuse._usage.estimate import TextCounter
 
 from .samples import OPENAI, Sample, read
 

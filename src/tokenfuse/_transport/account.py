@@ -14,7 +14,8 @@ from .._events import EventKind, FuseEvent
 from .._fuse import Fuse
 from .._identity import Identity
 from .._stats import Outcome
-from .._usage import BYTES_PER_TOKEN, Usage
+from .._usage import Usage
+from .._usage.estimate import BYTES_PER_TOKEN
 
 __all__ = ["account", "outcome_of"]
 

@@ -25,8 +25,8 @@ from .._usage import (
     UsageReader,
     default_registry,
     reader_for_response,
-    with_input,
 )
+from .._usage.estimate import with_input
 from .account import account
 
 __all__ = ["EXTENSION", "FuseReport", "Meter", "Metering"]

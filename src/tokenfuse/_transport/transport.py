@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Fuse, default_fuse
-from .._usage import ERROR_HEAD, ExtractorRegistry
+from .._usage import ExtractorRegistry
+from .._usage.request import ERROR_HEAD
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .meter import Meter, Metering

@@ -22,12 +22,8 @@ from typing import Any
 
 from .._events import logger
 from .._fuse import Fuse
-from .._usage import (
-    refuses_usage_option,
-    streams_without_usage,
-    takes_usage_option,
-    with_usage_option,
-)
+from .._usage.providers import takes_usage_option
+from .._usage.request import refuses_usage_option, streams_without_usage, with_usage_option
 from .compat import Flavor
 
 __all__ = ["MAX_HOSTS", "Sending", "UsageOption"]

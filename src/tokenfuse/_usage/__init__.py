@@ -33,14 +33,12 @@ compression, streams, estimates)::
 For anything else, implement `UsageReader` (``feed(chunk)``, ``finish(*, complete)``) yourself;
 exceptions from custom extractors and readers are contained (the response reads as unknown).
 
-Two helpers look at the request side: `request` asks OpenAI-style streams for their usage
-(``stream_options.include_usage``), and `estimate` turns the text a call sent and received into
-a flagged estimate when its response reported no usage.
+Two internal modules look at the request side for the transport: `request` asks OpenAI-style
+streams for their usage (``stream_options.include_usage``), and `estimate` turns the text a call
+sent and received into a flagged estimate when its response reported no usage.
 """
 
-from .estimate import BYTES_PER_TOKEN, request_text_bytes, tokens_for, with_input
 from .model import ResponseHead, ResponseInfo, Usage, UsageReader, UsageShape
-from .providers import takes_usage_option
 from .registry import (
     Extractor,
     ExtractorRegistry,
@@ -48,11 +46,8 @@ from .registry import (
     default_registry,
     reader_for_response,
 )
-from .request import ERROR_HEAD, refuses_usage_option, streams_without_usage, with_usage_option
 
 __all__ = [
-    "BYTES_PER_TOKEN",
-    "ERROR_HEAD",
     "Extractor",
     "ExtractorRegistry",
     "ResponseHead",
@@ -63,11 +58,4 @@ __all__ = [
     "UsageShape",
     "default_registry",
     "reader_for_response",
-    "refuses_usage_option",
-    "request_text_bytes",
-    "streams_without_usage",
-    "takes_usage_option",
-    "tokens_for",
-    "with_input",
-    "with_usage_option",
 ]
