@@ -18,8 +18,9 @@ import pytest
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
 
-from tokenfuse import Fuse, Identity, UsageCounts
+from tokenfuse import Fuse
 from tokenfuse._transport import AsyncFuseTransport, FuseTransport
+from tokenfuse.fuse import Identity, UsageCounts
 
 from .llm_server import LLMServer
 

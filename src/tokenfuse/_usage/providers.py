@@ -173,8 +173,6 @@ def host_provider(info: ResponseFacts, default: str) -> str:
     return default
 
 
-# Chat completions and legacy completions, as OpenAI and the servers compatible with it serve them.
-_USAGE_OPTION_PATH = re.compile(r"/(chat/)?completions$")
 # Providers whose OpenAI-style streams report usage without being asked: the request is left
 # as it is (Groq under `x_groq`, Mistral and OpenRouter on the last chunk).
 _REPORT_UNASKED = frozenset({"groq", "mistral", "openrouter"})
@@ -189,7 +187,8 @@ def takes_usage_option(host: str, path: str) -> bool:
     >>> takes_usage_option("api.groq.com", "/openai/v1/chat/completions")
     False
     """
-    return _USAGE_OPTION_PATH.search(path) is not None and _known_host(host) not in _REPORT_UNASKED
+    # Chat completions and legacy completions, as OpenAI and the servers like it serve them.
+    return path.endswith("/completions") and _known_host(host) not in _REPORT_UNASKED
 
 
 def _header_usage(headers: Mapping[str, str]) -> Usage | None:
