@@ -28,6 +28,7 @@ from .._usage import (
 )
 from .._usage.estimate import with_input
 from .account import account
+from .usage_option import Sending, sent_body
 
 __all__ = ["EXTENSION", "FuseReport", "Meter", "Metering"]
 
@@ -144,7 +145,7 @@ class Meter:
         usage = self._usage(complete)
         metering = self._metering
         if usage is not None and metering.estimate:
-            usage = with_input(usage, _request_body(self._request))
+            usage = with_input(usage, sent_body(self._request))
         report.usage = usage
         account(metering.fuse, self.identity, usage, estimating=metering.estimate)
         total = usage.total if usage is not None else None
@@ -170,15 +171,6 @@ def _ignore(chunk: bytes) -> None:
     pass
 
 
-def _request_body(request: Any) -> bytes | None:
-    """The body the request sent, or None when it was streamed (not kept in memory)."""
-    try:
-        body = request.content
-    except Exception:  # RequestNotRead: a generator or file body
-        return None
-    return body if isinstance(body, bytes) else None
-
-
 class Metering:
     """How a transport meters its responses: where their readers come from, whether unknown
     usage is estimated, and the fuse whose stats count what was not read whole."""
@@ -190,31 +182,23 @@ class Metering:
         self.registry = registry if registry is not None else default_registry
         self.estimate = estimate
 
-    def start(
-        self,
-        request: Any,
-        response: Any,
-        identity: Identity,
-        gate: Decision,
-        *,
-        count_text: bool = False,
-        asked_usage: bool = False,
-    ) -> Meter:
-        """The meter of one response, whose report it puts in the response's extensions.
+    def start(self, sent: Sending, response: Any, identity: Identity, gate: Decision) -> Meter:
+        """The meter of the response to ``sent``, whose report goes in the response's extensions.
 
-        ``count_text``: the response is a stream that will report no usage, so its generated
-        text is counted as it passes, for an estimate (other streams do without that work).
-        ``asked_usage``: the transport asked this request for its usage (``FuseReport``).
+        A stream that will report no usage (``sent.count_text``) has its generated text
+        counted as it passes, for an estimate; other streams do without that work.
 
         A response can come back from the inner transport already read (``MockTransport`` with
         ``content=``, a caching transport): the client will not iterate its stream, so the
         body is read from memory, where it is already decoded.
         """
-        meter = Meter(self, request, identity, FuseReport(identity, gate, asked_usage=asked_usage))
+        request = sent.request
+        report = FuseReport(identity, gate, asked_usage=sent.asked)
+        meter = Meter(self, request, identity, report)
         body = _body_if_read(response)
         try:
             reader = self._reader_for(
-                request, response, decoded=body is not None, count_text=count_text
+                request, response, decoded=body is not None, count_text=sent.count_text
             )
         except Exception as exc:  # a custom registry: its failure must not break the call
             meter.fail(exc)

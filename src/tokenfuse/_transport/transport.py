@@ -173,14 +173,7 @@ class FuseTransport(_SyncBase):
         gate = self.fuse.gate(identity)
         raise_if_refused(gate, request)
         response, sent = self._send(flavor, request)
-        meter = self._metering.start(
-            sent.request,
-            response,
-            identity,
-            gate,
-            count_text=sent.count_text,
-            asked_usage=sent.asked,
-        )
+        meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = sync_stream_type(flavor)(response.stream, meter, self._settle)
         else:
@@ -279,14 +272,7 @@ class AsyncFuseTransport(_AsyncBase):
         gate = await self.fuse.agate(identity)
         raise_if_refused(gate, request)
         response, sent = await self._send(flavor, request)
-        meter = self._metering.start(
-            sent.request,
-            response,
-            identity,
-            gate,
-            count_text=sent.count_text,
-            asked_usage=sent.asked,
-        )
+        meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = async_stream_type(flavor)(response.stream, meter, self._settle)
         else:

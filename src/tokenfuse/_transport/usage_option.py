@@ -26,7 +26,7 @@ from .._usage.providers import takes_usage_option
 from .._usage.request import refuses_usage_option, streams_without_usage, with_usage_option
 from .compat import Flavor
 
-__all__ = ["MAX_HOSTS", "Sending", "UsageOption"]
+__all__ = ["MAX_HOSTS", "Sending", "UsageOption", "sent_body"]
 
 #: Hosts remembered as refusing the option; past this, the least recently refused is forgotten.
 MAX_HOSTS = 1024
@@ -62,14 +62,19 @@ def _host(url: Any) -> str:
     return f"{url.raw_host.decode('ascii').lower()}:{url.port or ''}"
 
 
-def _body(request: Any) -> bytes | None:
-    if request.method != "POST" or "content-encoding" in request.headers:
-        return None
+def sent_body(request: Any) -> bytes | None:
+    """The body ``request`` sends, or None when it is streamed (not kept in memory)."""
     try:
         body = request.content
-    except Exception:  # RequestNotRead: a streamed body, which is not kept in memory
+    except Exception:  # RequestNotRead: a generator or file body
         return None
     return body if isinstance(body, bytes) else None
+
+
+def _json_body(request: Any) -> bytes | None:
+    if request.method != "POST" or "content-encoding" in request.headers:
+        return None
+    return sent_body(request)
 
 
 def _with_body(request: Any, flavor: Flavor, body: bytes) -> Any:
@@ -90,22 +95,30 @@ class UsageOption:
         self.fuse = fuse  # counts in ``fuse.stats``
 
     def prepare(self, request: Any, flavor: Flavor) -> Sending:
-        """The request to send: ``request`` itself, or a copy that asks for its usage."""
-        url = request.url
+        """The request to send: ``request`` itself, or a copy that asks for its usage.
+
+        Never raises: a request this cannot look into is sent as it was made.
+        """
         try:
-            path = url.raw_path.decode("ascii").partition("?")[0]
-            wanted = takes_usage_option(url.raw_host.decode("ascii").lower(), path)
+            return self._prepare(request, flavor)
         except Exception:
             return Sending(request, request)
-        body = _body(request) if wanted else None
+
+    def _prepare(self, request: Any, flavor: Flavor) -> Sending:
+        url = request.url
+        path = url.raw_path.decode("ascii").partition("?")[0]
+        if not takes_usage_option(url.raw_host.decode("ascii").lower(), path):
+            return Sending(request, request)
+        body = _json_body(request)
         if body is None:
             return Sending(request, request)
         if self.enabled and _host(url) not in _refusing:
             asked = with_usage_option(body)
-            if asked is not None:
-                self.fuse.stats.asked()
-                return Sending(_with_body(request, flavor, asked), request, asked=True)
-            return Sending(request, request)  # it asks already, or it is not a stream
+            if asked is None:  # it asks already, or it is not a stream
+                return Sending(request, request)
+            sending = Sending(_with_body(request, flavor, asked), request, asked=True)
+            self.fuse.stats.asked()
+            return sending
         return Sending(request, request, count_text=streams_without_usage(body))
 
     @staticmethod
