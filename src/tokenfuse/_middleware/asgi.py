@@ -12,6 +12,7 @@ from typing import Any
 from .._errors import ConfigurationError, StoreUnavailable
 from .._fuse import Fuse
 from .identify import Identify
+from .mcp.gate import McpMode
 from .policy import Anonymous, Cost, Count, Exclude, Guard, Refusal, Reply, Tiers, logger
 from .report import DECISION_KEY, REPORT_KEY, TOKENS_HEADER, Report, _current, parse_amount
 from .request import AsgiRequest
@@ -71,6 +72,9 @@ class TokenFuse:
             ``RateLimit`` headers are added unless the reply sets them.
         policy_name: the policy's name in the ``RateLimit`` headers.
         tokens_header: the response header a handler may report tokens in (stripped).
+        mcp: ``True`` (or an ``McpMode``) in front of an MCP server: charge ``tools/call``
+            by tool name (``cost={"refund": 5}``), never the protocol's own messages, and
+            refuse in MCP's shape (``docs/mcp.md``).
     """
 
     def __init__(
@@ -88,13 +92,15 @@ class TokenFuse:
         refusal: Refusal | None = None,
         policy_name: str = "default",
         tokens_header: str = TOKENS_HEADER,
+        mcp: bool | McpMode = False,
     ) -> None:
         self.app = app
+        mode = McpMode.of(mcp)
         self.guard = Guard(
             fuse=fuse,
             identify=identify,
             anonymous=anonymous,
-            cost=cost,
+            cost=cost if mode is None else 1.0,  # MCP mode prices tools, not paths
             tiers=tiers,
             count=count,
             exclude=exclude,
@@ -108,10 +114,18 @@ class TokenFuse:
                 "sync-only (use RedisStore.from_url, or TokenFuseWSGI for WSGI apps)"
             )
         self.tokens_header = tokens_header.lower().encode("latin-1")
+        self.mcp = None
+        if mode is not None:
+            from .mcp.asgi import McpShell  # loaded only for MCP servers
+
+            self.mcp = McpShell(self.guard, mode, cost)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.mcp is not None:
+            await self.mcp(scope, receive, send, self.app)
             return
         guard = self.guard
         request = AsgiRequest(scope)
