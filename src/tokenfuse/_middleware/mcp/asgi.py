@@ -17,7 +17,7 @@ from ..policy import Guard
 from ..report import DECISION_KEY
 from ..request import AsgiRequest
 from .body import read_body
-from .classify import FREE, McpCost, id_key
+from .classify import FREE, IdKey, McpCost, id_key
 from .gate import Admission, McpGate, McpMode
 from .replies import refusal
 from .watch import ResponseWatch
@@ -67,9 +67,10 @@ class McpShell:
             )
             await _send_reply(send, reply)
             return
-        watched = [call.id for call in exchange.calls] if gate.breaker is not None else []
-        watch = ResponseWatch(send, _encode(admission.headers), watched)
+        calls = {id_key(call.id): call for call in exchange.calls} if gate.breaker else {}
+
+        async def failed(key: IdKey) -> None:
+            await gate.failed(plan, calls[key])
+
+        watch = ResponseWatch(send, _encode(admission.headers), calls, failed)
         await app(scope, replayed, watch.send)
-        for call in exchange.calls:
-            if id_key(call.id) in watch.failed:
-                await gate.failed(plan, call)

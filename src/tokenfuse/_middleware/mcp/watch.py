@@ -14,7 +14,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from .classify import IdKey, RequestId, id_key
+from .classify import IdKey, id_key
 
 __all__ = ["ResponseWatch"]
 
@@ -25,17 +25,26 @@ MAX_READ = 1024 * 1024  # an answer larger than this is not read: its outcome st
 
 
 class ResponseWatch:
-    """A ``send`` that adds ``headers`` to the response start and notes failed request ids."""
+    """A ``send`` that adds ``headers`` to the response start and reports failed request ids.
+
+    ``on_failure`` runs for each failed id *before* the message carrying the failure goes to
+    the client: a client that retries at once is then judged with the failure counted.
+    """
 
     def __init__(
-        self, send: Send, headers: list[tuple[bytes, bytes]], ids: Iterable[RequestId]
+        self,
+        send: Send,
+        headers: list[tuple[bytes, bytes]],
+        watched: Iterable[IdKey],
+        on_failure: Callable[[IdKey], Awaitable[None]],
     ) -> None:
         self._send = send
         self._headers = headers
-        self._waiting = {id_key(request_id) for request_id in ids}
+        self._waiting = set(watched)
+        self._on_failure = on_failure
         self._kind = ""  # "json", "sse", or "" once nothing more is read
         self._buffer = bytearray()
-        self.failed: set[IdKey] = set()
+        self._failed: list[IdKey] = []
 
     async def send(self, message: Message) -> None:
         kind = message.get("type")
@@ -43,6 +52,8 @@ class ResponseWatch:
             message = self._start(message)
         elif kind == "http.response.body" and self._kind:
             self._body(bytes(message.get("body", b"")), bool(message.get("more_body", False)))
+        while self._failed:
+            await self._on_failure(self._failed.pop(0))
         await self._send(message)
 
     def _start(self, message: Message) -> Message:
@@ -52,7 +63,7 @@ class ResponseWatch:
             if bytes(name).lower() == b"content-type":
                 content_type = bytes(value).lower()
         if status >= 400:
-            self.failed |= self._waiting  # the call did not succeed, whatever the body says
+            self._failed.extend(self._waiting)  # the call did not succeed, whatever the body says
             self._waiting = set()
         elif content_type.startswith(b"application/json"):
             self._kind = "json"
@@ -101,7 +112,7 @@ class ResponseWatch:
             self._waiting.discard(key)
             result = answer.get("result")
             if "error" in answer or (isinstance(result, dict) and result.get("isError") is True):
-                self.failed.add(key)
+                self._failed.append(key)
         if not self._waiting:
             self._stop()
 
