@@ -113,7 +113,7 @@ def guarded(
 
 async def test_the_body_reaches_the_app_message_for_message(clock: Clock) -> None:
     app = ToolServer()
-    client, fuse = guarded(app, clock)
+    client, _ = guarded(app, clock)
     message = call("lookup", q="x" * 300)
 
     free = await client.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, chunks=3)
@@ -251,9 +251,7 @@ async def test_successful_calls_never_count_as_failures(clock: Clock) -> None:
 
 async def test_each_tool_has_its_own_velocity_key_named_in_the_refusal(clock: Clock) -> None:
     app = ToolServer()
-    middleware = TokenFuse(
-        app, fuse=inbound_fuse(MemoryStore(clock=clock), bucket=None), mcp=True
-    )
+    middleware = TokenFuse(app, fuse=inbound_fuse(MemoryStore(clock=clock), bucket=None), mcp=True)
     client = Client(middleware)
     gate = middleware.mcp.gate  # type: ignore[union-attr]
     refund = gate.classifier.classify(json.dumps(call("refund")).encode(), lambda _: None).calls[0]

@@ -158,3 +158,11 @@ def test_the_protocol_version_comes_from_the_header_or_the_request_meta() -> Non
 def test_bad_options_fail_at_construction(options: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Classifier(**options)  # type: ignore[arg-type]
+
+
+def test_the_public_module_offers_what_configures_mcp_mode() -> None:
+    import tokenfuse.mcp
+
+    assert tokenfuse.mcp.McpMode().methods == ("tools/call",)
+    assert issubclass(tokenfuse.mcp.ToolFailureLoop, tokenfuse.FuseTripped)
+    assert tokenfuse.mcp.RATE_LIMITED == -32029
