@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import Clock
 from tokenfuse import BucketPolicy, ConfigurationError, Fuse, FuseTripped, MemoryStore
-from tokenfuse._middleware import Reply, RequestView, TokenFuse, inbound_fuse
+from tokenfuse._middleware import Reply, RequestView, TokenFuse, TokenFuseWSGI, inbound_fuse
 from tokenfuse._middleware.mcp import McpMode, ToolFailures
 from tokenfuse._middleware.mcp.keys import tool_key
 
@@ -253,7 +253,7 @@ async def test_each_tool_has_its_own_velocity_key_named_in_the_refusal(clock: Cl
     app = ToolServer()
     middleware = TokenFuse(app, fuse=inbound_fuse(MemoryStore(clock=clock), bucket=None), mcp=True)
     client = Client(middleware)
-    gate = middleware.mcp.gate  # type: ignore[union-attr]
+    gate = middleware._mcp.gate  # type: ignore[union-attr]
     refund = gate.classifier.classify(json.dumps(call("refund")).encode(), lambda _: None).calls[0]
     assert gate.tools is not None
     gate.tools.set_limit(tool_key(_identity(), refund), 2)  # refund only: 2 per minute
@@ -332,7 +332,7 @@ async def test_an_oversized_body_is_charged_at_the_highest_price_and_still_deliv
     [
         ({"mcp": "yes"}, "mcp must be"),
         ({"mcp": True, "count": "tokens"}, "count='tokens'"),
-        ({"mcp": McpMode(max_body=0)}, "max_body"),
+        ({"mcp": True, "cost": lambda request: 2.0}, "not a function"),
     ],
 )
 def test_bad_mcp_options_fail_at_construction(options: dict[str, Any], message: str) -> None:
@@ -340,11 +340,22 @@ def test_bad_mcp_options_fail_at_construction(options: dict[str, Any], message: 
         TokenFuse(ToolServer(), **options)
 
 
+def test_mcp_mode_is_for_asgi_only() -> None:
+    with pytest.raises(ConfigurationError, match="ASGI"):
+        TokenFuseWSGI(lambda environ, start_response: [], mcp=True)
+
+
 @pytest.mark.parametrize(
-    ("options", "message"), [({"errors": 1}, "at least 2"), ({"slots": 0}, "slots")]
+    ("kind", "options", "message"),
+    [
+        (ToolFailures, {"errors": 1}, "at least 2"),
+        (ToolFailures, {"slots": 0}, "slots"),
+        (McpMode, {"max_body": 0}, "max_body"),
+        (McpMode, {"refuse_as": "429"}, "refuse_as"),
+    ],
 )
-def test_bad_tool_failure_settings_fail_at_construction(
-    options: dict[str, Any], message: str
+def test_bad_mcp_settings_fail_at_construction(
+    kind: type[Any], options: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        ToolFailures(**options)
+        kind(**options)

@@ -13,12 +13,12 @@ import logging
 
 from ..._errors import StoreUnavailable
 from ..asgi import ASGIApp, Receive, Scope, Send, _encode, _send_reply
-from ..policy import Guard
-from ..report import DECISION_KEY
+from ..guard import InboundGuard
 from ..request import AsgiRequest
 from .body import read_body
 from .classify import FREE, IdKey, McpCost, id_key
-from .gate import Admission, McpGate, McpMode
+from .gate import Admission, McpGate
+from .mode import McpMode
 from .replies import refusal
 from .watch import ResponseWatch
 
@@ -28,9 +28,9 @@ logger = logging.getLogger("tokenfuse.middleware")
 
 
 class McpShell:
-    """Serves one ASGI request in MCP mode, with a middleware's ``Guard`` and the MCP gate."""
+    """Serves one ASGI request in MCP mode, with a middleware's guard and the MCP gate."""
 
-    def __init__(self, guard: Guard, mode: McpMode, cost: McpCost) -> None:
+    def __init__(self, guard: InboundGuard, mode: McpMode, cost: McpCost) -> None:
         self.gate = McpGate(guard, mode, cost)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, app: ASGIApp) -> None:
@@ -55,8 +55,6 @@ class McpShell:
             admission = await gate.admit(plan, exchange, request)
         except StoreUnavailable as exc:  # the fuse fails closed
             admission = Admission(exc, (("Retry-After", "1"),))
-        if admission.decision is not None:
-            scope[DECISION_KEY] = admission.decision
         if admission.refused is not None:
             reply = admission.custom or refusal(
                 exchange,

@@ -26,49 +26,18 @@ from dataclasses import dataclass, replace
 
 from ..._errors import ConfigurationError
 from ..._fuse import Decision
-from ..policy import Guard, Plan, Reply
+from ..guard import InboundGuard, Plan
+from ..reply import Reply
 from ..request import RequestView
-from .body import DEFAULT_MAX_BODY
 from .classify import Call, Classifier, Exchange, McpCost
-from .failures import FailureLoopBreaker, ToolFailures
+from .failures import FailureLoopBreaker
 from .keys import companion, tool_key
-from .replies import RefuseAs, Refused
+from .mode import McpMode
+from .replies import Refused
 
-__all__ = ["Admission", "McpGate", "McpMode"]
+__all__ = ["Admission", "McpGate"]
 
 _KEPT_HEADERS = frozenset({"retry-after", "ratelimit", "ratelimit-policy"})
-_DEFAULT_FAILURES = ToolFailures()  # frozen: one shared default is safe
-
-
-@dataclass(frozen=True, slots=True)
-class McpMode:
-    """MCP mode's settings: ``TokenFuse(app, mcp=McpMode(...))``; ``mcp=True`` takes these.
-
-    >>> McpMode(methods=("tools/call", "resources/read")).refuse_as
-    'result'
-    """
-
-    methods: tuple[str, ...] = ("tools/call",)
-    """The JSON-RPC methods that are charged; any of ``tools/call``, ``resources/read``,
-    ``prompts/get``. Everything else is free."""
-    failures: ToolFailures | None = _DEFAULT_FAILURES
-    """The failure-loop breaker for tools; None turns it off."""
-    refuse_as: RefuseAs = "result"
-    """``"result"``: a refused ``tools/call`` is answered with an ``isError`` tool result
-    (the model reads it); ``"error"``: with a JSON-RPC error."""
-    max_body: int = DEFAULT_MAX_BODY
-    """Bytes of request body read to classify it; a larger body is charged at the highest
-    price."""
-
-    @staticmethod
-    def of(value: bool | McpMode | None) -> McpMode | None:
-        if value is None or value is False:
-            return None
-        if value is True:
-            return McpMode()
-        if isinstance(value, McpMode):
-            return value
-        raise ConfigurationError(f"mcp must be True, False or an McpMode, not {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +56,11 @@ class Admission:
 
 
 class McpGate:
-    """The MCP checks on top of a middleware's ``Guard`` (its identity, tiers, shadow...)."""
+    """The MCP checks on top of a middleware's ``InboundGuard`` (identity, tiers, shadow...)."""
 
-    def __init__(self, guard: Guard, mode: McpMode, cost: McpCost) -> None:
+    def __init__(self, guard: InboundGuard, mode: McpMode, cost: McpCost) -> None:
         if guard.count != "calls":
             raise ConfigurationError("mcp=True counts tool calls; it cannot take count='tokens'")
-        if not (isinstance(mode.max_body, int) and mode.max_body > 0):
-            raise ConfigurationError(f"max_body must be a positive integer, not {mode.max_body!r}")
         self.guard = guard
         self.mode = mode
         self.classifier = Classifier(cost=cost, methods=mode.methods)

@@ -22,11 +22,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..._fuse import Fuse
-from ..identify import Identify
-from ..policy import Anonymous, Guard, Tiers
+from ..guard import InboundGuard
+from ..identify import IdentifyRequest
+from ..options import Anonymous, InboundOptions, Tiers
 from ..request import AsgiRequest, RequestView
 from .classify import Call, Exchange, McpCost, RequestId
-from .gate import McpGate, McpMode
+from .gate import McpGate
+from .mode import McpMode
 from .replies import RATE_LIMITED, answer
 
 __all__ = ["FuseServerMiddleware"]
@@ -45,25 +47,17 @@ class FuseServerMiddleware:
         self,
         *,
         fuse: Fuse | None = None,
-        identify: Identify | None = None,
+        identify: IdentifyRequest | None = None,
         anonymous: Anonymous = "shared",
         cost: McpCost = 1.0,
         tiers: Tiers | None = None,
         shadow: bool = False,
         mode: McpMode | None = None,
     ) -> None:
-        guard = Guard(
-            fuse=fuse,
-            identify=identify,
-            anonymous=anonymous,
-            cost=1.0,
-            tiers=tiers,
-            count="calls",
-            exclude=(),
-            shadow=shadow,
-            refusal=None,
-            policy_name="default",
+        options = InboundOptions(
+            fuse=fuse, identify=identify, anonymous=anonymous, tiers=tiers, shadow=shadow
         )
+        guard = InboundGuard(options)
         self.gate = McpGate(guard, mode or McpMode(), cost)
 
     async def __call__(self, ctx: Any, call_next: CallNext) -> Any:

@@ -24,7 +24,7 @@ import json
 from typing import Any, Literal
 
 from ..._errors import FuseTripped, StoreUnavailable
-from ..policy import Reply, _json_number
+from ..reply import Reply, error_fields
 from .classify import Call, Exchange, RequestId, id_key
 
 __all__ = ["META_KEY", "RATE_LIMITED", "RefuseAs", "Refused", "answer", "refusal", "refusal_text"]
@@ -85,7 +85,7 @@ def answer(
     """The JSON-RPC response refusing one request (``call`` None: an uncharged request of a
     refused batch)."""
     text = refusal_text(error, call)
-    data = _numbers(error)
+    data = error_fields(error)
     if call is not None and call.is_tool_call and refuse_as == "result":
         result: dict[str, Any] = {
             "content": [{"type": "text", "text": text}],
@@ -100,12 +100,6 @@ def answer(
         "id": request_id,
         "error": {"code": RATE_LIMITED, "message": text, "data": data},
     }
-
-
-def _numbers(error: Refused) -> dict[str, object]:
-    if isinstance(error, StoreUnavailable):
-        return {"type": "store_unavailable", "message": str(error), "retry_after": 1}
-    return {name: _json_number(value) for name, value in error.as_dict().items()}
 
 
 def _kind(call: Call) -> str:
