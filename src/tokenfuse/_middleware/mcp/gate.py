@@ -51,7 +51,6 @@ class Admission:
 
     refused: Refused | None
     headers: tuple[tuple[str, str], ...]
-    decision: Decision | None = None
     custom: Reply | None = None
 
 
@@ -86,11 +85,12 @@ class McpGate:
         for call in exchange.calls:
             verdict = await self.tools.aadmit(tool_key(caller, call), cost=0.0, amount=call.cost)
             if not verdict.allowed:
+                # The RateLimit headers of a tool's refusal show the caller's bucket.
                 tool_admission = self._settle(
                     plan, replace(verdict, bucket=decision.bucket), request
                 )
                 if tool_admission.refused is not None:
-                    return replace(tool_admission, decision=decision)
+                    return tool_admission
         return admission
 
     async def failed(self, plan: Plan, call: Call) -> None:
@@ -102,7 +102,7 @@ class McpGate:
         outcome = self.guard.settle(plan, decision, request)
         reply = outcome.reply
         if reply is None:  # allowed, failing open, or shadow mode
-            return Admission(None, outcome.headers, decision)
+            return Admission(None, outcome.headers)
         kept = tuple(item for item in reply.headers if item[0].lower() in _KEPT_HEADERS)
         custom = reply if self.guard.refusal is not None else None
-        return Admission(decision.error, kept, decision, custom)
+        return Admission(decision.error, kept, custom)
