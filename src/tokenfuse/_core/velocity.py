@@ -40,14 +40,15 @@ __all__ = [
     "SLOTS",
     "SLOT_SECONDS",
     "VelocityPolicy",
-    "VelocitySnapshot",
     "VelocityState",
     "VelocityVerdict",
+    "established",
     "gate",
+    "manual_ceiling",
     "new_state",
+    "rate_at",
     "record",
     "reset",
-    "snapshot",
 ]
 
 WINDOW_SECONDS = 60.0
@@ -230,15 +231,18 @@ def _roll_minute(state: VelocityState, now: float, params: VelocityPolicy) -> No
     state.minute_amount = 0.0
 
 
-def _established(state: VelocityState, now: float, params: VelocityPolicy) -> bool:
+def established(state: VelocityState, now: float, params: VelocityPolicy) -> bool:
+    """Whether the key's baseline counts: first seen ``learning_period`` ago, with at least
+    ``min_samples`` learned minutes."""
     return now - state.first_seen >= params.learning_period and state.samples >= params.min_samples
 
 
 def _baseline(state: VelocityState, now: float, params: VelocityPolicy) -> float | None:
-    return state.baseline if _established(state, now, params) else None
+    return state.baseline if established(state, now, params) else None
 
 
-def _ceiling(state: VelocityState, params: VelocityPolicy) -> float | None:
+def manual_ceiling(state: VelocityState, params: VelocityPolicy) -> float | None:
+    """The manual ceiling in force: the key's live override, else the policy's limit."""
     return state.limit_override if state.limit_override >= 0.0 else params.limit
 
 
@@ -262,7 +266,7 @@ def _judge(
 ) -> tuple[int, float | None, float | None]:
     """(reason code or 0, the limit that applies, the established baseline)."""
     baseline = _baseline(state, now, params)
-    ceiling = _ceiling(state, params)
+    ceiling = manual_ceiling(state, params)
     if ceiling is not None and rate > ceiling:
         return _MANUAL, ceiling, baseline
     if baseline is not None and baseline >= params.min_baseline:
@@ -340,38 +344,16 @@ def reset(state: VelocityState) -> None:
     state.largest = [0.0] * SLOTS
 
 
-@dataclass(frozen=True, slots=True)
-class VelocitySnapshot:
-    rate: float
-    baseline: float | None  # None unless established
-    learned_baseline: float
-    samples: int
-    first_seen: float
-    established: bool
-    open_until: float | None
-    limit: float | None
-
-
-def snapshot(state: VelocityState, now: float, params: VelocityPolicy) -> VelocitySnapshot:
-    """A read-only view for ``Fuse.status``; learns nothing and moves nothing."""
-    rate = 0.0
-    if state.head >= 0 and math.floor(now / SLOT_SECONDS) - state.head < SLOTS:
-        probe = VelocityState(
-            first_seen=state.first_seen,
-            head=state.head,
-            amounts=list(state.amounts),
-            largest=list(state.largest),
-        )
-        _advance(probe, now)
-        rate, _ = _window(probe, now)
-    established = _established(state, now, params)
-    return VelocitySnapshot(
-        rate=rate,
-        baseline=state.baseline if established else None,
-        learned_baseline=state.baseline,
-        samples=state.samples,
+def rate_at(state: VelocityState, now: float) -> float:
+    """The rate over the 60 s before ``now``, read without moving the key's ring (for status)."""
+    if state.head < 0 or math.floor(now / SLOT_SECONDS) - state.head >= SLOTS:
+        return 0.0  # nothing recorded, or all of it older than the window
+    probe = VelocityState(
         first_seen=state.first_seen,
-        established=established,
-        open_until=state.open_until if state.open_until > now else None,
-        limit=_ceiling(state, params),
+        head=state.head,
+        amounts=list(state.amounts),
+        largest=list(state.largest),
     )
+    _advance(probe, now)
+    rate, _ = _window(probe, now)
+    return rate
