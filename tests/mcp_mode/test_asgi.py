@@ -293,10 +293,7 @@ async def test_a_custom_refusal_is_sent_as_the_user_made_it(clock: Clock) -> Non
 
 async def test_a_store_down_with_fail_closed_is_answered_in_mcp_shape(clock: Clock) -> None:
     class DownStore(MemoryStore):
-        async def aadmit(self, *args: Any, **kwargs: Any) -> Any:
-            raise ConnectionError("redis is down")
-
-        async def agate(self, *args: Any, **kwargs: Any) -> Any:
+        async def arun(self, op: Any) -> Any:
             raise ConnectionError("redis is down")
 
     app = ToolServer()
