@@ -93,7 +93,7 @@ class FuseTripped(TokenFuseError):
     def describe(self) -> str:
         """The human sentence; subclasses say what the numbers mean."""
         return (
-            f"{self.unit} limit reached for key {self.key}: {_fmt(self.rate)} over "
+            f"limit reached for key {self.key}: {_fmt(self.rate)} {self.unit}, over the limit of "
             f"{_fmt(self.limit)} (retry in {_seconds(self.retry_after)})"
         )
 
@@ -154,7 +154,7 @@ class CeilingExceeded(FuseTripped):
     def describe(self) -> str:
         which = "cold-start ceiling" if self.reason == "cold_start_ceiling" else "ceiling"
         return (
-            f"{self.unit} rate over the {which}: {_fmt(self.rate)} {self.unit}/min is above "
+            f"rate over the {which}: {_fmt(self.rate)} {self.unit}/min is above "
             f"{_fmt(self.limit)} {self.unit}/min for key {self.key} "
             f"(blocked for {_seconds(self.retry_after)})"
         )

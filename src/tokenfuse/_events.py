@@ -10,7 +10,7 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hooks", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
