@@ -307,6 +307,7 @@ async def test_a_store_down_with_fail_closed_is_answered_in_mcp_shape(clock: Clo
     result = json.loads(body)["result"]
     assert result["isError"] is True
     assert result["_meta"]["tokenfuse/refusal"]["type"] == "store_unavailable"
+    assert b"redis is down" not in body  # the store's error is for the log, not the caller
 
 
 async def test_an_oversized_body_is_charged_at_the_highest_price_and_still_delivered(

@@ -85,3 +85,25 @@ async def test_refuse_as_error_raises_the_json_rpc_error(clock: Clock) -> None:
     assert ran == ["lookup 1"]
     assert refused.value.error.code == -32029
     assert refused.value.error.data["type"] == "quota_exhausted"
+
+
+async def test_a_store_down_with_fail_closed_refuses_inside_the_server(clock: Clock) -> None:
+    class DownStore(MemoryStore):
+        async def arun(self, op: Any) -> Any:
+            raise ConnectionError("redis is down")
+
+    ran: list[str] = []
+    fuse = inbound_fuse(DownStore(clock=clock), fail_closed=True)
+    server = MCPServer("tools", middleware=[FuseServerMiddleware(fuse=fuse)])
+
+    @server.tool()
+    def lookup(q: str) -> str:
+        ran.append(q)
+        return q
+
+    async with Client(server, mode="legacy") as client:
+        result = await client.call_tool("lookup", {"q": "x"})
+
+    assert ran == []
+    assert result.is_error
+    assert "the rate limiter cannot decide right now" in result.content[0].text  # type: ignore[union-attr]

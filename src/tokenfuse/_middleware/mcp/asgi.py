@@ -14,6 +14,7 @@ import logging
 from ..._errors import StoreUnavailable
 from ..asgi import ASGIApp, Receive, Scope, Send, _encode, _send_reply
 from ..guard import InboundGuard
+from ..reply import log_failing_closed
 from ..request import AsgiRequest
 from .body import read_body
 from .classify import FREE, IdKey, McpCost, id_key
@@ -54,6 +55,7 @@ class McpShell:
         try:
             admission = await gate.admit(plan, exchange, request)
         except StoreUnavailable as exc:  # the fuse fails closed
+            log_failing_closed(exc, "an MCP refusal")
             admission = Admission(exc, (("Retry-After", "1"),))
         if admission.refused is not None:
             reply = admission.custom or refusal(

@@ -21,15 +21,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from ..._errors import StoreUnavailable
 from ..._fuse import Fuse
 from ..guard import InboundGuard
 from ..identify import IdentifyRequest
 from ..options import Anonymous, InboundOptions, Tiers
+from ..reply import log_failing_closed
 from ..request import AsgiRequest, RequestView
 from .classify import Call, Exchange, McpCost, RequestId
 from .gate import McpGate
 from .mode import McpMode
-from .replies import RATE_LIMITED, answer
+from .replies import RATE_LIMITED, Refused, answer
 
 __all__ = ["FuseServerMiddleware"]
 
@@ -76,7 +78,11 @@ class FuseServerMiddleware:
         if plan is None:
             return await call_next(ctx)
         exchange = Exchange((call,), (request_id,), False, ctx.protocol_version, True)
-        admission = await gate.admit(plan, exchange, request)
+        try:
+            admission = await gate.admit(plan, exchange, request)
+        except StoreUnavailable as exc:  # the fuse fails closed
+            log_failing_closed(exc, "an MCP refusal")
+            return _refuse(exchange, call, exc, gate.mode)
         if admission.refused is not None:
             return _refuse(exchange, call, admission.refused, gate.mode)
         try:
@@ -94,7 +100,7 @@ def _view(request: object) -> RequestView:
     return AsgiRequest(scope if isinstance(scope, dict) else {"type": "stdio", "headers": []})
 
 
-def _refuse(exchange: Exchange, call: Call, refused: Any, mode: McpMode) -> Any:
+def _refuse(exchange: Exchange, call: Call, refused: Refused, mode: McpMode) -> Any:
     reply = answer(call.id, call, refused, exchange, mode.refuse_as)
     if "result" in reply:
         return reply["result"]

@@ -47,9 +47,12 @@ Refused = FuseTripped | StoreUnavailable
 def refusal_text(error: Refused, call: Call | None) -> str:
     """The sentence a model reads: what was refused, why, and when to try again."""
     what = f"{_kind(call)} was not run" if call is not None else "this request was not run"
-    wait = max(error.retry_after, 0.0) if isinstance(error, FuseTripped) else 1.0
+    if isinstance(error, FuseTripped):
+        why, wait = str(error), max(error.retry_after, 0.0)
+    else:  # a dead store's own error names hosts and ports: for the log, not the caller
+        why, wait = str(error_fields(error)["message"]), 1.0
     when = f"retry in {wait:.0f} s or later" if wait >= 1 else "retry in a second"
-    return f"{what}: {error} — {when}; repeating the call at once will be refused again."
+    return f"{what}: {why} — {when}; repeating the call at once will be refused again."
 
 
 def refusal(
