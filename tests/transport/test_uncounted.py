@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -142,12 +142,6 @@ def test_a_partial_but_counted_stream_is_not_called_unknown(
 
 
 # -- the drill: a loop of streams that report no usage ------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def llm_server() -> Iterator[LLMServer]:
-    with LLMServer() as running:
-        yield running
 
 
 # Arms on the baseline that estimated calls teach it (about 40 tokens a call, a call a minute).
