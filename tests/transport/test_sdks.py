@@ -2,7 +2,8 @@
 
 What the SDKs do with an exception raised inside their transport is checked here too (see
 ``tokenfuse._transport.refusal``): openai re-raises it as is; anthropic would wrap it in
-``APIConnectionError`` and retry, unless it is an ``AnthropicError``, which refusals are.
+``APIConnectionError`` and retry, unless it is an ``AnthropicError``, which refusals of its
+own requests are (and refusals of any other request are not).
 """
 
 from __future__ import annotations
