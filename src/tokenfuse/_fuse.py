@@ -1,9 +1,10 @@
 """``Fuse``: the one facade the transport and the middleware share.
 
-It turns identities into storage-safe keys, runs each decision in the store (one round trip),
-turns verdicts into typed refusals, reports events, and fails open when the store is down.
-Sync methods are plain (``record``), async ones carry an ``a`` prefix (``arecord``); both go
-through the same verdict handling, and only the store call itself differs.
+It turns identities into storage-safe keys (keyed with the deployment secret), runs each
+decision in the store (one round trip), turns verdicts into typed refusals, reports events,
+and fails open when the store is down. Sync methods are plain (``record``), async ones carry
+an ``a`` prefix (``arecord``); both go through the same verdict handling, and only the store
+call itself differs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from ._errors import (
 )
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
-from ._identity import Identity
+from ._identity import KEY_ID_LENGTH, Identity
+from ._secret import SecretSource, deployment_secret
 from ._stores.base import UNSET, AsyncStore, KeyStatus, SyncStore, Unset, async_face, sync_face
 from ._stores.memory import MemoryStore
 
@@ -54,11 +56,13 @@ class Decision:
 
     ``error`` is the ready-to-raise refusal when ``allowed`` is False. ``tripped`` means this
     very step opened the key (the next call will be refused). ``degraded`` means the store was
-    unavailable and the fuse failed open: nothing was checked.
+    unavailable and the fuse failed open: nothing was checked. ``key`` is the identity's
+    label, ``key_id`` its short, non-secret id.
     """
 
     key: str
     allowed: bool
+    key_id: str | None = None
     error: FuseTripped | None = None
     tripped: bool = False
     rate: float = 0.0
@@ -78,6 +82,7 @@ class Status:
     """What a fuse knows about one key right now (``Fuse.status``)."""
 
     key: str
+    key_id: str
     rate: float
     baseline: float | None  # None until established
     learned_baseline: float
@@ -107,6 +112,10 @@ class Fuse:
         bucket: the token bucket for ``admit`` (``None``: no bucket).
         fail_closed: raise ``StoreUnavailable`` instead of failing open.
         on_event: a hook or hooks called with every ``FuseEvent``.
+        secret: the deployment secret store keys and key ids are derived with (at least 16
+            characters; every process sharing the store must use the same). Default:
+            ``TOKENFUSE_SECRET``; without it, a per-process one on ``MemoryStore`` and a
+            public fallback, with a warning, on shared stores (``docs/identities.md``).
     """
 
     def __init__(
@@ -119,10 +128,13 @@ class Fuse:
         fail_closed: bool = False,
         on_event: Hook | Iterable[Hook] | None = None,
         health: StoreHealth | None = None,
+        secret: SecretSource | None = None,
     ) -> None:
         if not _NAME.match(name):
             raise ConfigurationError(f"fuse name must match {_NAME.pattern}, not {name!r}")
         self.store = store if store is not None else MemoryStore()
+        # Never an attribute a repr or a debugger dump shows by name.
+        self._secret = deployment_secret(secret, shared=not isinstance(self.store, MemoryStore))
         self.name = name
         self.velocity = velocity
         self.bucket = bucket
@@ -136,6 +148,15 @@ class Fuse:
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"
+
+    def key_id(self, who: Who) -> str:
+        """The short, non-secret id this fuse shows for ``who`` in refusals and events.
+
+        >>> fuse = Fuse(secret="an example secret, 32 characters")
+        >>> fuse.key_id("agent-42")
+        '7d6fc5593120'
+        """
+        return Identity.of(who).keyed_hash(self._secret)[:KEY_ID_LENGTH]
 
     def on_event(self, hook: Hook) -> Hook:
         """Add an event hook; usable as a decorator."""
@@ -158,7 +179,7 @@ class Fuse:
         identity = Identity.of(who)
         policy = self._require_velocity()
         if not _countable(amount):
-            return Decision(key=identity.label, allowed=True)
+            return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         return self._run(
             identity, lambda s, k: s.record(k, amount, policy), self._velocity_decision
         )
@@ -167,7 +188,7 @@ class Fuse:
         identity = Identity.of(who)
         policy = self._require_velocity()
         if not _countable(amount):
-            return Decision(key=identity.label, allowed=True)
+            return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         return await self._arun(
             identity, lambda s, k: s.arecord(k, amount, policy), self._velocity_decision
         )
@@ -218,14 +239,14 @@ class Fuse:
         """The key's rate, baseline, latch and bucket, read without changing anything."""
         identity = Identity.of(who)
         status = self._sync().status(self._key(identity), self._velocity_for_reads, self.bucket)
-        return _status(identity, status)
+        return _status(identity, self._id(identity), status)
 
     async def astatus(self, who: Who) -> Status:
         identity = Identity.of(who)
         status = await self._async().astatus(
             self._key(identity), self._velocity_for_reads, self.bucket
         )
-        return _status(identity, status)
+        return _status(identity, self._id(identity), status)
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
@@ -268,7 +289,10 @@ class Fuse:
     # -- machinery --------------------------------------------------------------------------------
 
     def _key(self, identity: Identity) -> str:
-        return f"{self.name}:{identity.key}"
+        return f"{self.name}:{identity.keyed_hash(self._secret)}"
+
+    def _id(self, identity: Identity) -> str:
+        return identity.keyed_hash(self._secret)[:KEY_ID_LENGTH]
 
     def _require_velocity(self) -> VelocityPolicy:
         if self.velocity is None:
@@ -346,14 +370,17 @@ class Fuse:
                 self.hooks.emit(FuseEvent("store_unavailable", None, detail))
         if self.fail_closed:
             raise StoreUnavailable(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
-        return Decision(key=identity.label, allowed=True, degraded=True)
+        return Decision(key=identity.label, allowed=True, degraded=True, key_id=self._id(identity))
 
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
         error = None if verdict.allowed else self._velocity_error(identity, verdict)
+        key_id = self._id(identity)
         if verdict.tripped and error is not None:
-            self.hooks.emit(FuseEvent("tripped", identity.label, str(error), error))
+            event = FuseEvent("tripped", identity.label, str(error), error, key_id=key_id)
+            self.hooks.emit(event)
         return Decision(
             key=identity.label,
+            key_id=key_id,
             allowed=verdict.allowed,
             error=error,
             tripped=verdict.tripped,
@@ -374,18 +401,20 @@ class Fuse:
             retry_after=max(verdict.retry_after, 0.0),
             unit=self._velocity_for_reads.unit,
             reason=reason,
+            key_id=self._id(identity),
         )
 
     def _admit_decision(self, identity: Identity, verdict: AdmitVerdict) -> Decision:
         bucket = verdict.bucket
+        key_id = self._id(identity)
         if bucket is not None and bucket.near_limit:
             detail = (
-                f"key {identity.label} has used over "
+                f"key {identity.label} [id {key_id}] has used over "
                 f"{self.bucket.near_limit_fraction if self.bucket else 0.8:.0%} of its quota "
                 f"({bucket.rate:g}/s) for more than "
                 f"{self.bucket.near_limit_after if self.bucket else 300:.0f} s"
             )
-            self.hooks.emit(FuseEvent("near_limit", identity.label, detail))
+            self.hooks.emit(FuseEvent("near_limit", identity.label, detail, key_id=key_id))
         if verdict.velocity is not None and not verdict.velocity.allowed:
             decision = self._velocity_decision(identity, verdict.velocity)
             return _with_bucket(decision, bucket)
@@ -396,10 +425,13 @@ class Fuse:
                 limit=bucket.capacity,
                 retry_after=bucket.retry_after,
                 unit="calls",
+                key_id=key_id,
             )
-            return Decision(key=identity.label, allowed=False, error=error, bucket=bucket)
+            return Decision(
+                key=identity.label, key_id=key_id, allowed=False, error=error, bucket=bucket
+            )
         if verdict.velocity is None:
-            return Decision(key=identity.label, allowed=True, bucket=bucket)
+            return Decision(key=identity.label, key_id=key_id, allowed=True, bucket=bucket)
         return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
 
 
@@ -408,6 +440,7 @@ def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:
         return decision
     return Decision(
         key=decision.key,
+        key_id=decision.key_id,
         allowed=decision.allowed,
         error=decision.error,
         tripped=decision.tripped,
@@ -449,10 +482,11 @@ def _capacity(capacity: float | None | Unset) -> float | None | Unset:
     return capacity
 
 
-def _status(identity: Identity, status: KeyStatus) -> Status:
+def _status(identity: Identity, key_id: str, status: KeyStatus) -> Status:
     view = status.velocity
     return Status(
         key=identity.label,
+        key_id=key_id,
         rate=view.rate if view else 0.0,
         baseline=view.baseline if view else None,
         learned_baseline=view.learned_baseline if view else 0.0,
