@@ -36,6 +36,7 @@ from ._middleware import (
     default_inbound_fuse,
     inbound_fuse,
     report_tokens,
+    verified,
 )
 from ._stores.memory import MemoryStore
 from ._transport import (
@@ -107,4 +108,5 @@ __all__ = [
     "report_tokens",
     "scope",
     "unwrap_refusals",
+    "verified",
 ]
