@@ -10,11 +10,13 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hooks", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
-EventKind = Literal["tripped", "near_limit", "store_unavailable", "store_recovered"]
+EventKind = Literal[
+    "tripped", "near_limit", "store_unavailable", "store_recovered", "pool_exhausted"
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ def test_reported_tokens_trip_the_next_call(serve: Callable[..., Call], token_fu
     key_id = token_fuse.key_id(WHO)
     assert body["key_id"] == key_id
     assert body["message"] == (
-        "tokens rate over the ceiling: 1,200 tokens/min is above 1,000 tokens/min for key "
+        "rate over the ceiling: 1,200 tokens/min is above 1,000 tokens/min for key "
         f"sk-…0001 [id {key_id}] (blocked for 60 s)"
     )
 

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .._core import bucket as _bucket
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
 from .._core.bucket import BucketPolicy, BucketState
-from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
+from .._core.status import Status, status_of
+from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from .base import UNSET, KeyStatus, Unset, key_status
+from .._events import logger
+from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
 
 __all__ = ["MemoryStore"]
+
+R = TypeVar("R")
+
+#: How many of the least recently used entries an eviction looks at for one without live state.
+EVICTION_PROBES = 16
+
+#: At most one warning a minute about evicted live state (the count keeps every one).
+_WARN_EVERY = 60.0
 
 
 @dataclass(slots=True)
@@ -24,14 +36,38 @@ class _Entry:
     velocity: VelocityState | None = None
     bucket: BucketState | None = None
     expires: float = 0.0
+    # The bucket policy of the key's last admission: what "depleted" means for its bucket.
+    bucket_policy: BucketPolicy | None = None
+
+    def is_live(self, now: float) -> bool:
+        """Whether evicting this entry would undo a decision: an open latch, a live override,
+        or a bucket drained below half (evicting it would hand its caller a full one)."""
+        if self.expires <= now:
+            return False
+        velocity, bucket = self.velocity, self.bucket
+        if velocity is not None and (velocity.open_until > now or velocity.limit_override >= 0):
+            return True
+        if bucket is None:
+            return False
+        if bucket.capacity_override > 0 or bucket.rate_override > 0:
+            return True
+        if self.bucket_policy is None:
+            return False
+        capacity, rate = _bucket.limits_of(bucket, self.bucket_policy)
+        return _bucket.level(bucket, now, capacity, rate) < capacity / 2
 
 
 class MemoryStore:
     """State in this process only: zero setup, thread-safe, bounded.
 
-    At most ``max_keys`` identities are held; past that the least recently used is evicted, so
-    a flood of distinct (possibly spoofed) identities costs a fixed amount of memory. Entries
-    idle for ``ttl`` seconds expire lazily when touched or evicted; no background thread runs.
+    At most ``max_keys`` identities are held (about 1.1 KB each: the default of 20,000 is
+    about 22 MB, room for every caller of a small service). Past that, the least recently used
+    entry *without live state* is evicted, so a flood of made-up identities costs a fixed
+    amount of memory and cannot erase what matters: an open (tripped) key, a live
+    ``set_limit``/``set_bucket``, or a drained bucket stays while ordinary entries remain among
+    the ``EVICTION_PROBES`` least recently used. When none does, the oldest goes anyway: that is
+    counted in ``live_evictions`` and logged. Entries idle for ``ttl`` seconds expire lazily
+    when touched or evicted; no background thread runs.
 
     >>> store = MemoryStore(max_keys=10_000)
     """
@@ -39,7 +75,7 @@ class MemoryStore:
     def __init__(
         self,
         *,
-        max_keys: int = 100_000,
+        max_keys: int = 20_000,
         ttl: float = 14 * 86_400.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -48,148 +84,143 @@ class MemoryStore:
         self.max_keys = max_keys
         self.ttl = float(ttl)
         self.clock = clock
+        #: Entries evicted to make room, and how many of them held live state.
+        self.evictions = 0
+        self.live_evictions = 0
+        self._next_warning = 0.0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _entry(self, key: str, now: float, *, create: bool) -> _Entry | None:
-        """The live entry for ``key`` (marked most recently used); lock held by the caller."""
+    def _live(self, key: str, now: float) -> _Entry | None:
+        """The key's entry unless it expired, marked most recently used; lock held."""
         entry = self._entries.get(key)
-        if entry is not None and entry.expires <= now:
-            del self._entries[key]
-            entry = None
         if entry is None:
-            if not create:
-                return None
-            entry = self._entries[key] = _Entry()
-            if len(self._entries) > self.max_keys:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
+            return None
+        if entry.expires <= now:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
         entry.expires = now + self.ttl
         return entry
 
-    # -- sync ---------------------------------------------------------------------------------
+    def _entry(self, key: str, now: float) -> _Entry:
+        """The key's live entry, a new one if it has none (evicting the least recently used)."""
+        entry = self._live(key, now)
+        if entry is None:
+            entry = self._entries[key] = _Entry(expires=now + self.ttl)
+            if len(self._entries) > self.max_keys:
+                self._evict(now, keep=key)
+        return entry
 
-    def gate(self, key: str) -> VelocityVerdict:
-        with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=False)
-            if entry is None or entry.velocity is None:
-                return VelocityVerdict(allowed=True)
-            return _velocity.gate(entry.velocity, now)
+    def _evict(self, now: float, keep: str) -> None:
+        """Drop the least recently used entry without live state, never ``keep`` (the entry
+        being made room for); lock held.
 
-    def record(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=True)
-            assert entry is not None
-            if entry.velocity is None:
-                entry.velocity = _velocity.new_state(now)
-            return _velocity.record(entry.velocity, amount, now, velocity)
-
-    def admit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict:
-        with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=True)
-            assert entry is not None
-            if velocity is not None and entry.velocity is None and amount > 0:
-                entry.velocity = _velocity.new_state(now)
-            if bucket is not None and entry.bucket is None:
-                entry.bucket = _bucket.new_state(now, bucket)
-            return admit(
-                entry.velocity,
-                entry.bucket,
-                cost=cost,
-                amount=amount,
-                now=now,
-                velocity=velocity,
-                bucket=bucket,
+        Live entries looked at on the way move to the recent end, so the next eviction does not
+        look at them again: evicted last, not never.
+        """
+        probed = itertools.islice(self._entries.items(), EVICTION_PROBES + 1)
+        oldest = [(key, entry) for key, entry in probed if key != keep][:EVICTION_PROBES]
+        for key, entry in oldest:
+            if not entry.is_live(now):
+                del self._entries[key]
+                self.evictions += 1
+                return
+            self._entries.move_to_end(key)
+        del self._entries[oldest[0][0]]
+        self.evictions += 1
+        self.live_evictions += 1
+        if now >= self._next_warning:
+            self._next_warning = now + _WARN_EVERY
+            logger.warning(
+                "tokenfuse MemoryStore is full of live state (%d keys, all of the %d oldest open, "
+                "overridden or drained): evicted one anyway, %d so far; raise max_keys",
+                len(self._entries),
+                len(oldest),
+                self.live_evictions,
             )
 
-    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> KeyStatus:
+    def run(self, op: Op[R]) -> R:
+        """Run one operation (``ops``): under the store's lock, at one reading of its clock."""
+        apply = _APPLY[type(op)]
         with self._lock:
-            now = self.clock()
-            entry = self._entries.get(key)
-            if entry is None or entry.expires <= now:
-                entry = _Entry()
-            return key_status(entry.velocity, entry.bucket, now, velocity, bucket)
+            result: R = apply(self, op, self.clock())
+        return result
 
-    def reset(self, key: str) -> None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry.velocity is not None:
-                _velocity.reset(entry.velocity)
-            if entry is not None and entry.bucket is not None:
-                entry.bucket.tokens = _bucket.FULL
+    async def arun(self, op: Op[R]) -> R:
+        """``run``: nothing here waits on I/O, so the async face runs the same code directly."""
+        return self.run(op)
 
-    def configure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None:
-        with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=True)
-            assert entry is not None
-            if not isinstance(limit, Unset):
-                if entry.velocity is None:
-                    entry.velocity = _velocity.new_state(now)
-                entry.velocity.limit_override = -1.0 if limit is None else limit
-            if not (isinstance(capacity, Unset) and isinstance(rate, Unset)):
-                if entry.bucket is None:
-                    entry.bucket = BucketState(tokens=_bucket.FULL, updated=now)
-                if not isinstance(capacity, Unset):
-                    entry.bucket.capacity_override = -1.0 if capacity is None else capacity
-                if not isinstance(rate, Unset):
-                    entry.bucket.rate_override = -1.0 if rate is None else rate
+    # -- each operation applied to the core (the lock held, ``now`` read once) ------------------
 
-    # -- async: nothing here waits on I/O, so the async face runs the same code directly -------
+    def _gate(self, op: Gate, now: float) -> VelocityVerdict:
+        entry = self._live(op.key, now)
+        if entry is None or entry.velocity is None:
+            return VelocityVerdict(allowed=True)
+        return _velocity.gate(entry.velocity, now)
 
-    async def agate(self, key: str) -> VelocityVerdict:
-        return self.gate(key)
+    def _record(self, op: Record, now: float) -> VelocityVerdict:
+        entry = self._entry(op.key, now)
+        if entry.velocity is None:
+            entry.velocity = _velocity.new_state(now)
+        return _velocity.record(entry.velocity, op.amount, now, op.velocity)
 
-    async def arecord(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        return self.record(key, amount, velocity)
+    def _admit(self, op: Admit, now: float) -> AdmitVerdict:
+        entry = self._entry(op.key, now)
+        if op.velocity is not None and entry.velocity is None and op.amount > 0:
+            entry.velocity = _velocity.new_state(now)
+        if op.bucket is not None:
+            entry.bucket_policy = op.bucket
+            if entry.bucket is None:
+                entry.bucket = _bucket.new_state(now, op.bucket)
+        return admit(
+            entry.velocity,
+            entry.bucket,
+            cost=op.cost,
+            amount=op.amount,
+            now=now,
+            velocity=op.velocity,
+            bucket=op.bucket,
+        )
 
-    async def aadmit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict:
-        return self.admit(key, cost=cost, amount=amount, velocity=velocity, bucket=bucket)
+    def _status(self, op: ReadStatus, now: float) -> Status:
+        entry = self._entries.get(op.key)  # read only: neither touched nor moved
+        if entry is None or entry.expires <= now:
+            entry = _Entry()
+        return status_of(op.key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
 
-    async def astatus(
-        self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus:
-        return self.status(key, velocity, bucket)
+    def _reset(self, op: Reset, now: float) -> None:
+        entry = self._entries.get(op.key)
+        if entry is not None and entry.velocity is not None:
+            _velocity.reset(entry.velocity)
+        if entry is not None and entry.bucket is not None:
+            entry.bucket.tokens = _bucket.FULL
 
-    async def areset(self, key: str) -> None:
-        self.reset(key)
+    def _configure(self, op: Configure, now: float) -> None:
+        entry = self._entry(op.key, now)
+        if not isinstance(op.limit, Unset):
+            if entry.velocity is None:
+                entry.velocity = _velocity.new_state(now)
+            entry.velocity.limit_override = -1.0 if op.limit is None else op.limit
+        if isinstance(op.capacity, Unset) and isinstance(op.rate, Unset):
+            return
+        if entry.bucket is None:
+            entry.bucket = BucketState(tokens=_bucket.FULL, updated=now)
+        if not isinstance(op.capacity, Unset):
+            entry.bucket.capacity_override = -1.0 if op.capacity is None else op.capacity
+        if not isinstance(op.rate, Unset):
+            entry.bucket.rate_override = -1.0 if op.rate is None else op.rate
 
-    async def aconfigure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None:
-        self.configure(key, limit=limit, capacity=capacity, rate=rate)
+
+#: How ``MemoryStore`` runs each operation.
+_APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
+    Gate: MemoryStore._gate,
+    Record: MemoryStore._record,
+    Admit: MemoryStore._admit,
+    ReadStatus: MemoryStore._status,
+    Reset: MemoryStore._reset,
+    Configure: MemoryStore._configure,
+}
