@@ -33,7 +33,7 @@ from ._errors import (
 )
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
-from ._identity import KEY_ID_LENGTH, Identity
+from ._identity import Identity
 from ._secret import SecretSource, deployment_secret
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
@@ -249,10 +249,10 @@ class Fuse:
     # -- the operations ---------------------------------------------------------------------------
 
     def _key(self, identity: Identity) -> str:
-        return f"{self.name}:{identity.keyed_hash(self._secret)}"
+        return f"{self.name}:{identity.keyed(self._secret).hex}"
 
     def _id(self, identity: Identity) -> str:
-        return identity.keyed_hash(self._secret)[:KEY_ID_LENGTH]
+        return identity.keyed(self._secret).key_id
 
     def _labelled(self, status: Status, identity: Identity) -> Status:
         return replace(status, key=identity.label, key_id=self._id(identity))

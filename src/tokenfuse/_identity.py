@@ -21,12 +21,12 @@ import hmac
 import ipaddress
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn
 
 from ._errors import ConfigurationError
 from ._secret import process_secret
 
-__all__ = ["KEY_ID_LENGTH", "Identity", "redact"]
+__all__ = ["KEY_ID_LENGTH", "Identity", "Keyed", "redact"]
 
 #: Hex characters of the keyed hash that make a key id (48 bits).
 KEY_ID_LENGTH = 12
@@ -70,6 +70,15 @@ def _digest(kind: Kind, value: str) -> bytes:
     return hashlib.sha256(f"{kind}\x00{value}".encode("utf-8", "surrogatepass")).digest()
 
 
+class Keyed(NamedTuple):
+    """An identity's keyed hash under one secret: what stores and humans see of it."""
+
+    hex: str
+    """``HMAC-SHA256(secret, digest)``, 128 bits as 32 hex characters: the store key's part."""
+    key_id: str
+    """Its first ``KEY_ID_LENGTH`` characters: the id shown next to the label."""
+
+
 class Identity:
     """Who a decision is about.
 
@@ -90,7 +99,7 @@ class Identity:
 
     label: str
     _digest: bytes
-    _keyed: tuple[bytes, str] | None  # (secret, keyed hash): the last one a fuse asked for
+    _keyed: tuple[bytes, Keyed] | None  # the last secret a fuse asked for, and its result
 
     def __init__(self, kind: Kind, value: str, label: str) -> None:
         object.__setattr__(self, "_digest", _digest(kind, value))
@@ -132,17 +141,18 @@ class Identity:
         """The short, non-secret id of this identity under the process's deployment secret
         (``TOKENFUSE_SECRET``). A fuse with a secret of its own shows ids derived with it:
         ``fuse.key_id(identity)``."""
-        return self.keyed_hash(process_secret())[:KEY_ID_LENGTH]
+        return self.keyed(process_secret()).key_id
 
-    def keyed_hash(self, secret: bytes) -> str:
-        """``HMAC-SHA256(secret, digest)`` as 32 hex characters: the store key's identity part.
-        Cached for the last secret asked for, so a fuse pays for it once per identity."""
-        keyed = self._keyed
-        if keyed is not None and keyed[0] == secret:
-            return keyed[1]
+    def keyed(self, secret: bytes) -> Keyed:
+        """The keyed hash and key id of this identity under ``secret``. Cached for the last
+        secret asked for: a fuse pays for the HMAC once per identity, not per call."""
+        cached = self._keyed
+        if cached is not None and cached[0] == secret:
+            return cached[1]
         value = hmac.digest(secret, self._digest, "sha256")[:16].hex()
-        object.__setattr__(self, "_keyed", (secret, value))
-        return value
+        keyed = Keyed(value, value[:KEY_ID_LENGTH])
+        object.__setattr__(self, "_keyed", (secret, keyed))
+        return keyed
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Identity) and self._digest == other._digest
