@@ -35,6 +35,7 @@ from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
 from ._secret import SecretSource, deployment_secret
+from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
 from ._stores.ops import UNSET, Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
@@ -102,6 +103,9 @@ class Fuse:
             characters; every process sharing the store must use the same). Default:
             ``TOKENFUSE_SECRET``; without it, a per-process one on ``MemoryStore`` and a
             public fallback, with a warning, on shared stores (``docs/identities.md``).
+
+    ``fuse.stats`` (a ``FuseStats``) counts the calls whose usage was estimated, unknown or
+    partial, for the process and per key.
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class Fuse:
         self.fail_closed = fail_closed
         self.hooks = Hooks(on_event)
         self.health = health or StoreHealth()
+        self.stats = FuseStats()
         self._velocity_for_reads = velocity or _DEFAULT_VELOCITY
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)

@@ -70,6 +70,14 @@ def _digest(kind: Kind, value: str) -> bytes:
     return hashlib.sha256(f"{kind}\x00{value}".encode("utf-8", "surrogatepass")).digest()
 
 
+def _derived_digest(parent: bytes, parts: tuple[str, ...]) -> bytes:
+    hashed = hashlib.sha256(b"derived\x00" + parent)
+    for part in parts:  # length-prefixed, so that no two lists of parts hash alike
+        encoded = part.encode("utf-8", "surrogatepass")
+        hashed.update(len(encoded).to_bytes(8, "big") + encoded)
+    return hashed.digest()
+
+
 class Keyed(NamedTuple):
     """An identity's keyed hash under one secret: what stores and humans see of it."""
 
@@ -84,8 +92,8 @@ class Identity:
 
     ``label`` is what messages, logs and ``status()`` show; ``key_id`` tells identities apart
     where labels cannot (``sk-…a1b2``) and names one to admin tools. Equal identities are the
-    same kind of the same value. Immutable; build them with ``named``, ``secret``, ``client``
-    or ``of``.
+    same kind of the same value. Immutable; build them with ``named``, ``secret``, ``client``,
+    ``of`` or ``derived`` (the constructor takes a digest those compute).
 
     >>> Identity.named("agent-42").label
     'agent-42'
@@ -101,8 +109,8 @@ class Identity:
     _digest: bytes
     _keyed: tuple[bytes, Keyed] | None  # the last secret a fuse asked for, and its result
 
-    def __init__(self, kind: Kind, value: str, label: str) -> None:
-        object.__setattr__(self, "_digest", _digest(kind, value))
+    def __init__(self, digest: bytes, label: str) -> None:
+        object.__setattr__(self, "_digest", digest)
         object.__setattr__(self, "label", label)
         object.__setattr__(self, "_keyed", None)
 
@@ -130,6 +138,16 @@ class Identity:
         except ValueError:
             raise ConfigurationError(f"not an IP address: {address[:64]!r}") from None
         return _client(_network_of(ip))
+
+    def derived(self, *parts: str, label: str) -> Identity:
+        """An identity made of this one and ``parts`` (a caller × a tool): hashed from this
+        one's digest and the parts, so that neither reaches a store; shown as ``label``.
+
+        >>> caller = Identity.named("agent-42")
+        >>> caller.derived("tool", "refund", label="agent-42 tool refund").label
+        'agent-42 tool refund'
+        """
+        return Identity(_derived_digest(self._digest, parts), label)
 
     @staticmethod
     def of(who: str | Identity) -> Identity:
@@ -207,14 +225,14 @@ def _cached(build: Callable[[str], Identity]) -> Callable[[str], Identity]:
 
 @_cached
 def _named(name: str) -> Identity:
-    return Identity("name", name, _printable(name) or "(empty)")
+    return Identity(_digest("name", name), _printable(name) or "(empty)")
 
 
 @_cached
 def _secret(secret: str) -> Identity:
-    return Identity("secret", secret, redact(secret))
+    return Identity(_digest("secret", secret), redact(secret))
 
 
 @lru_cache(maxsize=4096)  # bounded: an IPv4 address or an IPv6 /64 is at most 43 characters
 def _client(network: str) -> Identity:
-    return Identity("client", network, f"client {network}")
+    return Identity(_digest("client", network), f"client {network}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenfuse import ConfigurationError, Fuse, Identity, MemoryStore
+from tokenfuse import ConfigurationError, Fuse, Identity, MemoryStore, VelocityPolicy
 from tokenfuse import _secret as secret_module
 from tokenfuse._identity import redact
 from tokenfuse._secret import FALLBACK_SECRET, SECRET_ENV
@@ -255,6 +255,29 @@ def test_client_identities_group_ipv6_by_network() -> None:
     assert Identity.client(" 203.0.113.7 ").label == "client 203.0.113.7"
     with pytest.raises(ConfigurationError):
         Identity.client("not-an-address")
+
+
+def test_derived_identities_are_apart_and_unambiguous() -> None:
+    caller = Identity.named("agent-42")
+    tool = caller.derived("tool", "refund", label="agent-42 tool refund")
+
+    assert tool == caller.derived("tool", "refund", label="another label")  # labels only show
+    assert tool != caller and tool != Identity.named("agent-43").derived("tool", "refund", label="")
+    assert caller.derived("a\x00b", "c", label="") != caller.derived("a", "b\x00c", label="")
+    assert caller.derived("ab", label="") != caller.derived("a", "b", label="")
+
+
+def test_a_companion_fuse_keys_with_its_fuse_s_secret(
+    caplog: pytest.LogCaptureFixture, fallback_warning: None
+) -> None:
+    from tokenfuse._middleware.mcp.keys import companion
+
+    fuse = Fuse(SharedStore(), secret=SECRET)
+    with caplog.at_level(logging.WARNING, logger="tokenfuse"):
+        tools = companion(fuse, "tools", fuse.velocity or VelocityPolicy())
+
+    assert tools.key_id("agent-42") == fuse.key_id("agent-42")
+    assert "deployment secret" not in caplog.text  # no public fallback behind its back
 
 
 # -- the attack the keyed hash defeats ---------------------------------------------------------
