@@ -52,7 +52,9 @@ _warned_fallback = False
 
 def _checked(secret: SecretSource, origin: str) -> bytes:
     raw = secret.encode("utf-8", "surrogatepass") if isinstance(secret, str) else secret
-    if not isinstance(raw, bytes) or len(raw) < MIN_SECRET_LENGTH:
+    if not isinstance(raw, bytes):
+        raise ConfigurationError(f"{origin} must be a str or bytes, not {type(secret).__name__}")
+    if len(raw) < MIN_SECRET_LENGTH:
         raise ConfigurationError(
             f"{origin} must be at least {MIN_SECRET_LENGTH} characters (make one with: "
             'python -c "import secrets; print(secrets.token_urlsafe(32))")'

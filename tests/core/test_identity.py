@@ -134,6 +134,11 @@ def test_short_secrets_are_refused_at_construction(bad: str | bytes) -> None:
         Fuse(secret=bad)
 
 
+def test_a_secret_must_be_text_or_bytes() -> None:
+    with pytest.raises(ConfigurationError, match="str or bytes, not int"):
+        Fuse(secret=12345678901234567890)  # type: ignore[arg-type]
+
+
 def test_a_short_environment_secret_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SECRET_ENV, "too-short")
     with pytest.raises(ConfigurationError, match=SECRET_ENV):
