@@ -15,6 +15,12 @@ default 14 days).
 **Clock.** The server's ``TIME`` by default, one clock for every process; an explicit
 ``clock`` (tests, simulations) is passed to the scripts as an argument.
 
+**Gates without a round trip.** By default the store keeps a local view of the open keys
+(``open_keys``: a subscriber thread, started at the first gate, that every trip and reset
+anywhere reaches at once) and answers gates from it once it is synced; until then, and
+whenever the subscription is down, a gate is one EVALSHA as before. ``open_keys=False``
+turns it off. A store over an asyncio client alone has no view (it needs a sync client).
+
 **Errors.** Every redis-py error becomes ``StoreUnavailable`` at one boundary
 (``_Unavailable``); failing open and backing off is ``Fuse``'s job.
 """
@@ -26,9 +32,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._errors import ConfigurationError
-from .ops import Op
+from .open_keys import OpenKeys
+from .ops import Gate, Op
 from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient, unavailable
-from .redis_codec import CODECS, Args, Codec, key_of
+from .redis_codec import CODECS, Args, key_of
 
 __all__ = ["RedisStore"]
 
@@ -66,6 +73,7 @@ class RedisStore:
         prefix: first part of every key; must not contain ``{`` or ``}``.
         clock: ``None`` for the server's clock; a callable returning epoch seconds otherwise.
         ttl: seconds an idle identity's state lives.
+        open_keys: answer gates from a local view of the open keys (``open_keys``).
     """
 
     def __init__(
@@ -75,8 +83,9 @@ class RedisStore:
         prefix: str = "tokenfuse",
         clock: Callable[[], float] | None = None,
         ttl: float = _DEFAULT_TTL,
+        open_keys: bool = True,
     ) -> None:
-        self._setup(Clients.wrap(client), prefix, clock, ttl)
+        self._setup(Clients.wrap(client), prefix, clock, ttl, open_keys)
 
     @classmethod
     def from_url(
@@ -87,6 +96,7 @@ class RedisStore:
         clock: Callable[[], float] | None = None,
         ttl: float = _DEFAULT_TTL,
         cluster: bool = False,
+        open_keys: bool = True,
         **options: Any,
     ) -> RedisStore:
         """A store with its own sync and asyncio clients, each built at its first use.
@@ -99,11 +109,17 @@ class RedisStore:
         >>> store = RedisStore.from_url("redis+cluster://10.0.0.5:7000")  # doctest: +SKIP
         """
         store = cls.__new__(cls)
-        store._setup(Clients.from_url(url, cluster=cluster, options=options), prefix, clock, ttl)
+        clients = Clients.from_url(url, cluster=cluster, options=options)
+        store._setup(clients, prefix, clock, ttl, open_keys)
         return store
 
     def _setup(
-        self, clients: Clients, prefix: str, clock: Callable[[], float] | None, ttl: float
+        self,
+        clients: Clients,
+        prefix: str,
+        clock: Callable[[], float] | None,
+        ttl: float,
+        open_keys: bool,
     ) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             # A brace in the prefix would become the hash tag: every key in one slot.
@@ -115,6 +131,12 @@ class RedisStore:
         self.clock = clock
         self.ttl = float(ttl)
         self._ttl_ms = str(max(1, round(ttl * 1000)))
+        #: The local view of open keys (None: every gate is a round trip).
+        self.open_keys = (
+            OpenKeys(clients.sync_client, prefix=prefix, clock=clock)
+            if open_keys and clients.has_sync
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"RedisStore(prefix={self.prefix!r}, {self._clients.described})"
@@ -130,34 +152,55 @@ class RedisStore:
         return self._clients.has_async
 
     def close(self) -> None:
-        """Close the sync client this store built (``from_url``); a given client stays open."""
+        """Stop the open-key view; close the sync client this store built (``from_url``), a
+        given client stays open."""
+        if self.open_keys is not None:
+            self.open_keys.close()
         self._clients.close()
 
     async def aclose(self) -> None:
-        """Close every client this store built (``from_url``)."""
+        """Stop the open-key view; close every client this store built (``from_url``)."""
+        if self.open_keys is not None:
+            self.open_keys.close()
         await self._clients.aclose()
 
     # -- one operation = one script call; both faces encode and decode it the same way --------
 
     def run(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs a sync client."""
-        codec, keys, args = self._encode(op)
+        key, known = self._known(op)
+        if known is not None:
+            return known
         script = self._clients.sync_scripts()[op.name]
         with _Unavailable(op.name):
-            reply = script(keys, args)
-        result: R = codec.result(op, reply)
-        return result
+            reply = script((key,), self._args(op))
+        return self._result(op, key, reply)
 
     async def arun(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
-        codec, keys, args = self._encode(op)
+        key, known = self._known(op)
+        if known is not None:
+            return known
         script = self._clients.async_scripts()[op.name]
         with _Unavailable(op.name):
-            reply = await script(keys, args)
-        result: R = codec.result(op, reply)
-        return result
+            reply = await script((key,), self._args(op))
+        return self._result(op, key, reply)
 
-    def _encode(self, op: Op[Any]) -> tuple[Codec[Any, Any], tuple[str], Args]:
-        codec = CODECS[type(op)]
+    def _known(self, op: Op[R]) -> tuple[str, R | None]:
+        """The operation's Redis key, and its result if the open-key view knows it (a gate)."""
+        key = key_of(self.prefix, op.key)
+        view = self.open_keys
+        if view is not None and type(op) is Gate:
+            known: Any = view.answer(key)  # a Gate's result is a VelocityVerdict
+            return key, known
+        return key, None
+
+    def _args(self, op: Op[Any]) -> Args:
         now = "" if self.clock is None else repr(float(self.clock()))
-        return codec, (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)
+        return CODECS[type(op)].args(op, now, self._ttl_ms)
+
+    def _result(self, op: Op[R], key: str, reply: Any) -> R:
+        result: R = CODECS[type(op)].result(op, reply)
+        if self.open_keys is not None:
+            self.open_keys.learn(op, key, result)
+        return result

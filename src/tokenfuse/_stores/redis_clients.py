@@ -192,6 +192,12 @@ class Clients:
         described = "cluster, sync+async" if cluster else "sync+async"
         return cls(make_sync=make_sync, make_async=make_async, owned=True, described=described)
 
+    def sync_client(self) -> SyncClient:
+        """The sync client (built at its first use); ``ConfigurationError`` without one."""
+        self.sync_scripts()
+        assert self._sync is not None
+        return self._sync
+
     def sync_scripts(self) -> Mapping[str, SyncCall]:
         scripts = self._sync_scripts
         if scripts is None:
