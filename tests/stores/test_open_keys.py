@@ -20,7 +20,7 @@ from tests.conftest import Clock
 from tests.stores.conftest import OwnRedis
 from tokenfuse import CeilingExceeded, Fuse, StoreUnavailable, VelocityPolicy
 from tokenfuse._stores.open_keys import STALE_AFTER, OpenKeys
-from tokenfuse._stores.ops import Gate, Record, Reset
+from tokenfuse._stores.ops import Gate, Record, RecordBatch, Reset
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_codec import key_of
 
@@ -211,3 +211,33 @@ def test_a_reset_is_learned_by_every_view(two_stores: tuple[RedisStore, RedisSto
     b.run(Reset("r"))
     assert view_of(a).wait_until(lambda v: key not in v._open, WAIT)
     assert a.run(Gate("r")).allowed and b.run(Gate("r")).allowed
+
+
+def test_a_synced_view_gates_even_when_every_connection_is_busy(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The subscription has a connection of its own: a burst that holds the whole pool of
+    decisions does not hold up the gates."""
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix, max_connections=1)
+    try:
+        assert view_of(store).wait_synced(WAIT)
+        store.run(Gate("k"))  # the pool's one connection exists
+        pool = store._clients.sync_client().connection_pool
+        held = pool.get_connection()
+        try:
+            assert store.run(Gate("k")).allowed
+        finally:
+            pool.release(held)
+    finally:
+        store.close()
+
+
+def test_a_batch_trip_refuses_the_next_gate_at_once(redis_url: str, redis_prefix: str) -> None:
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
+    try:
+        assert view_of(store).wait_synced(WAIT)
+        verdicts = store.run_many([RecordBatch("b", (50.0, 60.0, 10.0), POLICY)])
+        assert verdicts[0].tripped and verdicts[0].rate == 110.0  # the first trip's verdict
+        assert not store.run(Gate("b")).allowed
+    finally:
+        store.close()

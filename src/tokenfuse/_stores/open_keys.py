@@ -21,8 +21,9 @@ its gates from it, as soon as it can trust it:
   (``counts.round_trips``), so a dead store still fails open or closed as configured. A lost
   subscription is logged (at most once a minute) and counted (``counts.lost``).
 * **This process's own trips.** A decision of this process that trips a key marks it here at
-  once, so the next gate goes to the store (which refuses) without waiting for the message;
-  the message then brings the refusal itself.
+  once, so the next gate goes to the store (which refuses) without waiting for the message.
+  The mark stays until the store's gate allows the key (or this process resets it): the
+  refusals of a key this process tripped cost a round trip each, exact to the double.
 
 What it costs: one connection and one thread per store, a PING every ``HEARTBEAT`` seconds,
 and on each trip or reset one PUBLISH and one marker write. Ordinary decisions write nothing
@@ -47,7 +48,7 @@ from typing import Any
 
 from .._core.admission import AdmitVerdict
 from .._core.velocity import REASON_CODES, VelocityVerdict
-from .ops import Admit, Gate, Op, Record, Reset
+from .ops import Admit, Gate, Op, Record, RecordBatch, Reset
 
 __all__ = ["HEARTBEAT", "STALE_AFTER", "OpenKeyCounts", "OpenKeys"]
 
@@ -180,9 +181,9 @@ class OpenKeys:
     def learn(self, op: Op[Any], key: str, result: object) -> None:
         """What a decision of this process, made by the store, tells the view.
 
-        A trip marks the key at once: its gates go to the store (which refuses) until the
-        announcement brings the refusal itself, so the very next call is refused. A reset
-        forgets it; a gate the store allowed drops a mark that turned out stale.
+        A trip marks the key at once: its gates go to the store (which refuses), so the very
+        next call is refused. A reset forgets it; so does a gate the store allowed (the
+        cooldown ran out, or another process reset the key).
         """
         kind = type(op)
         if kind is Gate:
@@ -190,9 +191,9 @@ class OpenKeys:
                 entry = self._open.get(key)
                 if entry is not None and entry[1] is None:
                     self._open.pop(key, None)
-        elif kind is Record or kind is Admit:
+        elif kind is Record or kind is RecordBatch or kind is Admit:
             verdict = result.velocity if isinstance(result, AdmitVerdict) else result
-            if isinstance(verdict, VelocityVerdict) and verdict.tripped and key not in self._open:
+            if isinstance(verdict, VelocityVerdict) and verdict.tripped:
                 self._open[key] = (float("inf"), None)
         elif kind is Reset:
             self._open.pop(key, None)
@@ -284,15 +285,23 @@ class OpenKeys:
             fields = rest.split(" ", 9)
             if len(fields) == 10:
                 self._opened(fields[9], float(fields[0]), fields[1:9])
-        elif kind == "c":
+        elif kind == "c" and self._announced(rest):
             self._open.pop(rest, None)
         self._notify()
+
+    def _announced(self, key: str) -> bool:
+        """Whether the view's entry for ``key`` came from announcements, not from this
+        process's own trip (those stay until the store itself says the key is closed: an
+        announcement may be older than the trip, and the store's refusal is exact)."""
+        entry = self._open.get(key)
+        return entry is None or entry[1] is not None
 
     def _opened(self, key: str, open_until: float, refusal: list[str]) -> None:
         # In the store's clock frame when it has a clock (exactly as the scripts compare);
         # else the refusal's retry_after, counted from now on this host's monotonic clock.
         until = open_until if self._clock is not None else self._now() + float(refusal[7])
-        self._open[key] = (until, _refusal(refusal))
+        if self._announced(key):
+            self._open[key] = (until, _refusal(refusal))
 
     def _sync(self, client: Any) -> None:
         """Read every marker (SCAN on every primary), then trust the view."""
@@ -312,9 +321,12 @@ class OpenKeys:
             if until > now:
                 tagged = _text(name)[self._marker_start :]
                 found[f"{self._prefix}:{tagged}"] = (until, _refusal(fields[1:9]))
-        # Own trips not yet announced stay; everything else is what the markers say.
-        pending = {k: v for k, v in self._open.items() if v[1] is None and k not in found}
-        self._open = {**found, **pending}
+        # In place: a trip this process marks meanwhile (from another thread) must not be lost.
+        # Own marks not yet announced stay; everything else is what the markers say.
+        for key, (_, refusal) in list(self._open.items()):
+            if refusal is not None and key not in found:
+                self._open.pop(key, None)
+        self._open.update(found)
         self._heard = time.monotonic()
         self._trusted = True
         self.counts.syncs += 1

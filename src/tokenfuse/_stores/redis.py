@@ -28,13 +28,22 @@ turns it off. A store over an asyncio client alone has no view (it needs a sync 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
+
+from redis.exceptions import NoScriptError
 
 from .._errors import ConfigurationError
 from .open_keys import OpenKeys
 from .ops import Gate, Op
-from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient, unavailable
+from .redis_clients import (
+    REDIS_ERRORS,
+    AsyncClient,
+    Clients,
+    SyncClient,
+    script_shas,
+    unavailable,
+)
 from .redis_codec import CODECS, Args, key_of
 
 __all__ = ["RedisStore"]
@@ -133,7 +142,7 @@ class RedisStore:
         self._ttl_ms = str(max(1, round(ttl * 1000)))
         #: The local view of open keys (None: every gate is a round trip).
         self.open_keys = (
-            OpenKeys(clients.sync_client, prefix=prefix, clock=clock)
+            OpenKeys(clients.subscriber_client, prefix=prefix, clock=clock)
             if open_keys and clients.has_sync
             else None
         )
@@ -186,6 +195,42 @@ class RedisStore:
             reply = await script((key,), self._args(op))
         return self._result(op, key, reply)
 
+    def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        """Run several operations in one pipeline (one round trip), each its own script call,
+        in order; their results in the same order. Needs a sync client."""
+        keys = [key_of(self.prefix, op.key) for op in ops]
+        client = self._clients.sync_client()
+        with _Unavailable("batch"):
+            pipe = client.pipeline(transaction=False)
+            for op, key in zip(ops, keys, strict=True):
+                pipe.evalsha(script_shas()[op.name], 1, key, *self._args(op))
+            replies = pipe.execute(raise_on_error=False)
+            scripts = self._clients.sync_scripts()
+            for at in _missing_scripts(replies):  # NOSCRIPT: EVAL, which caches it
+                replies[at] = scripts[ops[at].name]((keys[at],), self._args(ops[at]))
+        return [
+            self._result(op, key, reply) for op, key, reply in zip(ops, keys, replies, strict=True)
+        ]
+
+    async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        """``run_many`` for asyncio code."""
+        keys = [key_of(self.prefix, op.key) for op in ops]
+        client = self._clients.async_client()
+        with _Unavailable("batch"):
+            pipe = client.pipeline(transaction=False)
+            for op, key in zip(ops, keys, strict=True):
+                pipe.evalsha(script_shas()[op.name], 1, key, *self._args(op))
+            replies = await pipe.execute(raise_on_error=False)
+            scripts = self._clients.async_scripts()
+            for at in _missing_scripts(replies):
+                replies[at] = await scripts[ops[at].name]((keys[at],), self._args(ops[at]))
+        return [
+            self._result(op, key, reply) for op, key, reply in zip(ops, keys, replies, strict=True)
+        ]
+
+    def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:
+        return [self._result(*each) for each in zip(ops, keys, replies, strict=True)]
+
     def _known(self, op: Op[R]) -> tuple[str, R | None]:
         """The operation's Redis key, and its result if the open-key view knows it (a gate)."""
         key = key_of(self.prefix, op.key)
@@ -204,3 +249,13 @@ class RedisStore:
         if self.open_keys is not None:
             self.open_keys.learn(op, key, result)
         return result
+
+
+def _missing_scripts(replies: list[Any]) -> Iterator[int]:
+    """The replies of a pipeline that failed for want of their script (the server restarted
+    or flushed its scripts); any other error is raised."""
+    for at, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError):
+            yield at
+        elif isinstance(reply, Exception):
+            raise reply
