@@ -208,9 +208,24 @@ def test_a_reset_is_learned_by_every_view(two_stores: tuple[RedisStore, RedisSto
     key = key_of(a.prefix, "r")
     a.run(Record("r", 500.0, POLICY))
     assert view_of(b).wait_until(lambda v: key in v._open, WAIT)
+    a.run(Reset("r"))
+    assert view_of(b).wait_until(lambda v: key not in v._open, WAIT)
+    assert b.run(Gate("r")).allowed
+
+
+def test_a_key_this_process_tripped_is_allowed_again_once_the_store_says_so(
+    two_stores: tuple[RedisStore, RedisStore],
+) -> None:
+    """Reset elsewhere: this process's own mark stays until a gate asks the store."""
+    a, b = two_stores
+    assert view_of(a).wait_synced(WAIT)
+    a.run(Record("r", 500.0, POLICY))
     b.run(Reset("r"))
-    assert view_of(a).wait_until(lambda v: key not in v._open, WAIT)
-    assert a.run(Gate("r")).allowed and b.run(Gate("r")).allowed
+    rounds = view_of(a).counts.round_trips
+    assert a.run(Gate("r")).allowed  # the store's answer
+    assert view_of(a).counts.round_trips == rounds + 1
+    assert a.run(Gate("r")).allowed  # and the view's, from now on
+    assert view_of(a).counts.round_trips == rounds + 1
 
 
 def test_a_synced_view_gates_even_when_every_connection_is_busy(

@@ -339,7 +339,6 @@ class OpenKeys:
             return
         self._trusted = False
         self.counts.lost += 1
-        self._notify()
         now = time.monotonic()
         if now >= self._next_warning:
             self._next_warning = now + _LOG_EVERY
@@ -350,6 +349,7 @@ class OpenKeys:
                 exc,
                 self.counts.lost,
             )
+        self._notify()
 
     def _forked(self) -> None:
         """In a child process: the thread did not come along; start afresh on next use."""
