@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .._errors import ConfigurationError
 from .._events import logger
@@ -27,6 +27,7 @@ from .._usage import ExtractorRegistry
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .meter import Meter, Metering
+from .recorder import Recorder
 from .refusal import raise_if_refused
 from .stream import async_stream_type, sync_stream_type
 
@@ -79,6 +80,17 @@ def _serving_fuse(fuse: Fuse | None, *, sync: bool) -> Fuse:
     return fuse
 
 
+RecordMode = Literal["inline", "background"]
+
+
+def _recorder(fuse: Fuse, record: RecordMode) -> Recorder | None:
+    if record == "background":
+        return Recorder(fuse)
+    if record != "inline":
+        raise ConfigurationError(f'record must be "inline" or "background", not {record!r}')
+    return None
+
+
 def _record_failed(exc: Exception) -> None:
     # Only a fail_closed fuse raises here, and it has reported the outage already. The
     # response is paid for and must reach the caller; the next gate enforces fail_closed.
@@ -104,6 +116,9 @@ class FuseTransport(_SyncBase):
             whatever was registered on ``tokenfuse``'s default registry).
         estimate: for streams that carry no usage, record an estimate from the generated text
             (flagged ``usage.estimated``) instead of leaving the amount unknown.
+        record: ``"inline"`` records each call's usage before its response is handed over;
+            ``"background"`` hands it over at once and records in batches off the caller's
+            path (``recorder``: one round trip per batch, flushed on ``close()``).
 
     Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``); the
     report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
@@ -117,10 +132,12 @@ class FuseTransport(_SyncBase):
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
+        record: RecordMode = "inline",
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
         self._metering = Metering(registry, estimate)
+        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
@@ -150,6 +167,8 @@ class FuseTransport(_SyncBase):
         return response
 
     def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()
         if self._inner is not None:
             self._inner.close()
         for made in self._made.values():
@@ -170,6 +189,9 @@ class FuseTransport(_SyncBase):
         amount = meter.finish(complete=complete)
         if amount is None:
             return
+        if self._recorder is not None:
+            self._recorder.submit(meter, amount)
+            return
         try:
             meter.report.record = self.fuse.record(meter.identity, amount)
         except Exception as exc:
@@ -182,7 +204,8 @@ class AsyncFuseTransport(_AsyncBase):
     >>> client = httpx.AsyncClient(transport=AsyncFuseTransport())   # doctest: +SKIP
 
     Takes the same arguments as ``FuseTransport``; ``inner`` defaults to the library's
-    ``AsyncHTTPTransport()`` and the fuse's store must have async methods.
+    ``AsyncHTTPTransport()`` and the fuse's store must have async methods (and a sync face
+    too with ``record="background"``, whose worker is a thread).
     """
 
     def __init__(
@@ -193,10 +216,12 @@ class AsyncFuseTransport(_AsyncBase):
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
+        record: RecordMode = "inline",
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
         self._metering = Metering(registry, estimate)
+        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _AsyncInnerTransport] = {}
 
@@ -225,6 +250,8 @@ class AsyncFuseTransport(_AsyncBase):
         return response
 
     async def aclose(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()  # a join of at most FLUSH_WAIT: the worker is a thread
         if self._inner is not None:
             await self._inner.aclose()
         for made in self._made.values():
@@ -242,6 +269,9 @@ class AsyncFuseTransport(_AsyncBase):
     async def _settle(self, meter: Meter, complete: bool) -> None:
         amount = meter.finish(complete=complete)
         if amount is None:
+            return
+        if self._recorder is not None:
+            self._recorder.submit(meter, amount)  # never waits (inline only when full)
             return
         try:
             meter.report.record = await self.fuse.arecord(meter.identity, amount)
