@@ -34,6 +34,7 @@ def test_the_public_modules() -> None:
         "events",
         "fuse",
         "integrations",
+        "mcp",
         "middleware",
         "stores",
         "transport",
