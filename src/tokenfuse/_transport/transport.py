@@ -5,9 +5,11 @@ One call goes through five steps, each in one place: **identify** the key it spe
 the process, ``refusal.raise_if_refused``), **send** it (the inner transport), **meter** the
 response (``meter.Metering``: the usage side picks its reader, the report goes in its
 extensions) and **settle** the usage (``_settle``: the amount is recorded once the body is read,
-at once or when a stream ends or closes). So a call costs at most two store round trips, and a
-call whose usage trips the key still returns its (already paid for) response. Responses that
-carry no countable usage skip the record.
+at once or when a stream ends or closes; or handed to a ``Recorder``, ``record="background"``).
+So a call costs at most two store round trips (on Redis the gate is usually answered from the
+store's local view of open keys, and background records go in batches), and a call whose
+usage trips the key still returns its (already paid for) response. Responses that carry no
+countable usage skip the record.
 
 Both classes work inside ``httpx`` 0.28 and ``httpx2`` 2.x clients: the library is taken from
 the request, and its default transport is built on first use when no ``inner`` is given.
