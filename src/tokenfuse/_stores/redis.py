@@ -198,35 +198,32 @@ class RedisStore:
     def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
         """Run several operations in one pipeline (one round trip), each its own script call,
         in order; their results in the same order. Needs a sync client."""
-        keys = [key_of(self.prefix, op.key) for op in ops]
-        client = self._clients.sync_client()
+        keys, pipe = self._pipeline(self._clients.sync_client(), ops)
         with _Unavailable("batch"):
-            pipe = client.pipeline(transaction=False)
-            for op, key in zip(ops, keys, strict=True):
-                pipe.evalsha(script_shas()[op.name], 1, key, *self._args(op))
             replies = pipe.execute(raise_on_error=False)
             scripts = self._clients.sync_scripts()
             for at in _missing_scripts(replies):  # NOSCRIPT: EVAL, which caches it
                 replies[at] = scripts[ops[at].name]((keys[at],), self._args(ops[at]))
-        return [
-            self._result(op, key, reply) for op, key, reply in zip(ops, keys, replies, strict=True)
-        ]
+        return self._results(ops, keys, replies)
 
     async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
         """``run_many`` for asyncio code."""
-        keys = [key_of(self.prefix, op.key) for op in ops]
-        client = self._clients.async_client()
+        keys, pipe = self._pipeline(self._clients.async_client(), ops)
         with _Unavailable("batch"):
-            pipe = client.pipeline(transaction=False)
-            for op, key in zip(ops, keys, strict=True):
-                pipe.evalsha(script_shas()[op.name], 1, key, *self._args(op))
             replies = await pipe.execute(raise_on_error=False)
             scripts = self._clients.async_scripts()
             for at in _missing_scripts(replies):
                 replies[at] = await scripts[ops[at].name]((keys[at],), self._args(ops[at]))
-        return [
-            self._result(op, key, reply) for op, key, reply in zip(ops, keys, replies, strict=True)
-        ]
+        return self._results(ops, keys, replies)
+
+    def _pipeline(self, client: Any, ops: Sequence[Op[Any]]) -> tuple[list[str], Any]:
+        """The operations' keys, and a pipeline (no transaction) of their EVALSHAs."""
+        keys = [key_of(self.prefix, op.key) for op in ops]
+        pipe = client.pipeline(transaction=False)
+        shas = script_shas()
+        for op, key in zip(ops, keys, strict=True):
+            pipe.evalsha(shas[op.name], 1, key, *self._args(op))
+        return keys, pipe
 
     def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:
         return [self._result(*each) for each in zip(ops, keys, replies, strict=True)]
