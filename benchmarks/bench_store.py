@@ -28,10 +28,10 @@ POLICY = VelocityPolicy(cold_start_limit=None)
 
 #: (case, baseline, target) for each ratio of medians reported.
 RATIOS = [
-    ("Fuse.record (RedisStore)", "redis PING", "<= 1.5"),
+    ("Fuse.record (RedisStore)", "redis PING", "<= 1.3"),
     ("Fuse.record (RedisStore)", "limits sliding-window hit (redis)", "<= 1.0"),
     ("Fuse.record (RedisStore)", "limits moving-window hit (redis)", ""),
-    ("async Fuse.record (RedisStore)", "async redis PING", "<= 1.5"),
+    ("async Fuse.record (RedisStore)", "async redis PING", "<= 1.3"),
     ("async Fuse.record (RedisStore)", "async limits sliding-window hit (redis)", "<= 1.0"),
     ("Fuse.record (MemoryStore)", "limits moving-window hit (memory)", "<= 1.0"),
     ("Fuse.record (MemoryStore)", "limits sliding-window hit (memory)", ""),
