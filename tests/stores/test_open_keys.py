@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -256,3 +257,33 @@ def test_a_batch_trip_refuses_the_next_gate_at_once(redis_url: str, redis_prefix
         assert not store.run(Gate("b")).allowed
     finally:
         store.close()
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_every_node_s_trips_reach_the_view(cluster_url: str) -> None:
+    """Keys on every primary: the markers are found by a SCAN of each, and a plain PUBLISH
+    reaches a subscription on any node."""
+    from redis.cluster import RedisCluster
+
+    prefix = f"tf-view-{uuid.uuid4().hex[:8]}"
+    url = cluster_url.replace("redis://", "redis+cluster://")
+    first = RedisStore.from_url(url, prefix=prefix)
+    late = RedisStore.from_url(url, prefix=prefix)
+    try:
+        early = [f"early-{n}" for n in range(6)]  # spread over the slots, so over the nodes
+        for key in early:
+            first.run(Record(key, 500.0, POLICY))
+        view = view_of(late)
+        assert view.wait_synced(WAIT)
+        assert all(not late.run(Gate(key)).allowed for key in early)
+        first.run(Record("late", 500.0, POLICY))
+        assert view.wait_until(lambda v: key_of(prefix, "late") in v._open, WAIT)
+        assert not late.run(Gate("late")).allowed
+        assert view.counts.round_trips == 0
+    finally:
+        first.close()
+        late.close()
+        cleanup = RedisCluster.from_url(cluster_url)
+        for name in cleanup.scan_iter(match=f"{prefix}*"):
+            cleanup.delete(name)
+        cleanup.close()
