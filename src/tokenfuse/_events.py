@@ -15,7 +15,14 @@ __all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
 logger = logging.getLogger("tokenfuse")
 
 EventKind = Literal[
-    "tripped", "near_limit", "store_unavailable", "store_recovered", "pool_exhausted"
+    "tripped",
+    "near_limit",
+    "store_unavailable",
+    "store_recovered",
+    "pool_exhausted",
+    "usage_estimated",
+    "usage_unknown",
+    "usage_partial",
 ]
 
 

@@ -33,6 +33,7 @@ from ._errors import (
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
+from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
 from ._stores.ops import (
@@ -105,6 +106,9 @@ class Fuse:
         bucket: the token bucket for ``admit`` (``None``: no bucket).
         fail_closed: raise ``StoreUnavailable`` instead of failing open.
         on_event: a hook or hooks called with every ``FuseEvent``.
+
+    ``fuse.stats`` (a ``FuseStats``) counts the calls whose usage was estimated, unknown or
+    partial, for the process and per key.
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class Fuse:
         self.fail_closed = fail_closed
         self.hooks = Hooks(on_event)
         self.health = health or StoreHealth()
+        self.stats = FuseStats()
         self._velocity_for_reads = velocity or _DEFAULT_VELOCITY
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
