@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -38,7 +38,18 @@ from ._secret import SecretSource, deployment_secret
 from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
-from ._stores.ops import UNSET, Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
+from ._stores.ops import (
+    UNSET,
+    Admit,
+    Configure,
+    Gate,
+    Op,
+    ReadStatus,
+    Record,
+    RecordBatch,
+    Reset,
+    Unset,
+)
 
 __all__ = ["Decision", "Fuse", "Status", "default_fuse"]
 
@@ -175,6 +186,28 @@ class Fuse:
         identity = Identity.of(who)
         op = self._record_op(identity, amount)
         return await self._adecide(identity, op, self._velocity_decision)
+
+    def record_batch(self, items: Sequence[tuple[Who, float]]) -> list[Decision]:
+        """``record`` of many calls at once, in one store round trip: the usage of calls
+        recorded off the caller's path (``FuseTransport(record="background")``).
+
+        The amounts of one key go in one ``RecordBatch``, in order, and its calls share the
+        decision: the first trip's, else the last record's. One decision per item, in order.
+        """
+        batch = _Batch(self, items)
+        if not batch.ops:
+            return batch.decisions([])
+        store = self._sync()
+        if not self.health.available():
+            return batch.degraded(None)
+        try:
+            run_many = getattr(store, "run_many", None)
+            ops = batch.ops
+            verdicts = run_many(ops) if run_many else [store.run(op) for op in ops]
+        except Exception as exc:
+            return batch.degraded(exc)
+        self._healthy()
+        return batch.decisions(verdicts)
 
     def admit(
         self,
@@ -423,6 +456,45 @@ class Fuse:
         if verdict.velocity is None:
             return Decision(key=identity.label, key_id=key_id, allowed=True, bucket=bucket)
         return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
+
+
+class _Batch:
+    """The operations of ``Fuse.record_batch``: one ``RecordBatch`` per key, in the order the
+    keys first appear, and which items each one decides."""
+
+    def __init__(self, fuse: Fuse, items: Sequence[tuple[Who, float]]) -> None:
+        if fuse.velocity is None:
+            raise ConfigurationError("this fuse has no velocity policy to record against")
+        self.fuse = fuse
+        self.identities = [Identity.of(who) for who, _ in items]
+        groups: dict[str, tuple[Identity, list[float], list[int]]] = {}
+        for at, (identity, (_, amount)) in enumerate(zip(self.identities, items, strict=True)):
+            if _countable(amount):
+                key = fuse._key(identity)
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = (identity, [], [])
+                group[1].append(float(amount))
+                group[2].append(at)
+        self.groups = list(groups.values())
+        velocity = fuse.velocity
+        self.ops = [
+            RecordBatch(key, tuple(amounts), velocity) for key, (_, amounts, _) in groups.items()
+        ]
+
+    def decisions(self, verdicts: Sequence[VelocityVerdict]) -> list[Decision]:
+        """Each item's decision: its key's, or allowed when it recorded nothing."""
+        found = [Decision(key=identity.label, allowed=True) for identity in self.identities]
+        for (identity, _, indexes), verdict in zip(self.groups, verdicts, strict=True):
+            decision = self.fuse._velocity_decision(identity, verdict)
+            for at in indexes:
+                found[at] = decision
+        return found
+
+    def degraded(self, exc: Exception | None) -> list[Decision]:
+        """The store failed (or is skipped): each item fails open (or the batch closed)."""
+        failed = self.fuse._degraded(self.identities[0], exc)
+        return [replace(failed, key=identity.label) for identity in self.identities]
 
 
 def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:

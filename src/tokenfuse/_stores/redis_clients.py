@@ -40,7 +40,7 @@ from .redis_budget import (
 from .redis_scripts import script_sources
 from .redis_server import acheck_server, check_server
 
-__all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient", "unavailable"]
+__all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient", "script_shas", "unavailable"]
 
 logger = logging.getLogger("tokenfuse")
 
@@ -88,7 +88,15 @@ class _Script:
     def __init__(self, client: Any, source: str) -> None:
         self.client = client
         self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.sha = hashlib.sha1(source.encode()).hexdigest()  # as script_shas()
+
+
+@functools.cache
+def script_shas() -> dict[str, str]:
+    """The SHA1 of each operation's script (EVALSHA in a pipeline)."""
+    return {
+        name: hashlib.sha1(source.encode()).hexdigest() for name, source in script_sources().items()
+    }
 
 
 class SyncScript(_Script):
@@ -191,6 +199,29 @@ class Clients:
 
         described = "cluster, sync+async" if cluster else "sync+async"
         return cls(make_sync=make_sync, make_async=make_async, owned=True, described=described)
+
+    def async_client(self) -> AsyncClient:
+        """The asyncio client (built at its first use); ``ConfigurationError`` without one."""
+        self.async_scripts()
+        assert self._async is not None
+        return self._async
+
+    def subscriber_client(self) -> SyncClient:
+        """A client for a long-lived subscription (``open_keys``): on a connection of its own,
+        never one of the decisions' pool, which may be small. A cluster client subscribes on
+        a connection of one node's pool."""
+        client = self.sync_client()
+        if isinstance(client, redis.cluster.RedisCluster):
+            return client
+        pool = client.connection_pool
+        own = redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+        return redis.Redis(connection_pool=own)
+
+    def sync_client(self) -> SyncClient:
+        """The sync client (built at its first use); ``ConfigurationError`` without one."""
+        self.sync_scripts()
+        assert self._sync is not None
+        return self._sync
 
     def sync_scripts(self) -> Mapping[str, SyncCall]:
         scripts = self._sync_scripts

@@ -6,8 +6,10 @@ the process, ``refusal.raise_if_refused``), **send** it (the inner transport; an
 stream is asked for its usage on the way, ``usage_option``), **meter** the response
 (``meter.Metering``: the usage side picks its reader, the report goes in its extensions) and
 **settle** the usage (``_settle``: the amount is recorded once the body is read, at once or when
-a stream ends or closes). So a call costs at most two store round trips, and a call whose usage
-trips the key still returns its (already paid for) response. Responses that carry no
+a stream ends or closes; or handed to a ``Recorder``, ``record="background"``). So a call costs
+at most two store round trips (on Redis the gate is usually answered from the store's local
+view of open keys, and background records go in batches), and a call whose usage trips the key
+still returns its (already paid for) response. Responses that carry no
 countable usage skip the record.
 
 Both classes work inside ``httpx`` 0.28 and ``httpx2`` 2.x clients: the library is taken from
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .._errors import ConfigurationError
 from .._events import logger
@@ -30,6 +32,7 @@ from .._usage.request import ERROR_HEAD
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .meter import Meter, Metering
+from .recorder import Recorder
 from .refusal import raise_if_refused
 from .stream import (
     aread_head,
@@ -90,6 +93,17 @@ def _serving_fuse(fuse: Fuse | None, *, sync: bool) -> Fuse:
     return fuse
 
 
+RecordMode = Literal["inline", "background"]
+
+
+def _recorder(fuse: Fuse, record: RecordMode) -> Recorder | None:
+    if record == "background":
+        return Recorder(fuse)
+    if record != "inline":
+        raise ConfigurationError(f'record must be "inline" or "background", not {record!r}')
+    return None
+
+
 def _wrong_client(transport: object) -> ConfigurationError:
     if isinstance(transport, FuseTransport):
         return ConfigurationError(
@@ -133,6 +147,9 @@ class FuseTransport(_SyncBase):
             chat/completions streaming requests that do not ask for their usage, so that their
             streams report it (they end with one more chunk, with empty ``choices``). A server
             that refuses the option gets the request again as it was made.
+        record: ``"inline"`` records each call's usage before its response is handed over;
+            ``"background"`` hands it over at once and records in batches off the caller's
+            path (``recorder``: one round trip per batch, flushed on ``close()``).
 
     Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``); the
     report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
@@ -147,11 +164,13 @@ class FuseTransport(_SyncBase):
         registry: ExtractorRegistry | None = None,
         estimate: bool = True,
         inject_usage: bool = True,
+        record: RecordMode = "inline",
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._usage_option = UsageOption(inject_usage, self.fuse)
+        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
@@ -181,6 +200,8 @@ class FuseTransport(_SyncBase):
         return response
 
     def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()
         if self._inner is not None:
             self._inner.close()
         for made in self._made.values():
@@ -223,6 +244,9 @@ class FuseTransport(_SyncBase):
         amount = meter.finish(complete=complete)
         if amount is None:
             return
+        if self._recorder is not None:
+            self._recorder.submit(meter, amount)
+            return
         try:
             meter.report.record = self.fuse.record(meter.identity, amount)
         except Exception as exc:
@@ -235,7 +259,8 @@ class AsyncFuseTransport(_AsyncBase):
     >>> client = httpx.AsyncClient(transport=AsyncFuseTransport())   # doctest: +SKIP
 
     Takes the same arguments as ``FuseTransport``; ``inner`` defaults to the library's
-    ``AsyncHTTPTransport()`` and the fuse's store must have async methods.
+    ``AsyncHTTPTransport()`` and the fuse's store must have async methods (and a sync face
+    too with ``record="background"``, whose worker is a thread).
     """
 
     def __init__(
@@ -247,11 +272,13 @@ class AsyncFuseTransport(_AsyncBase):
         registry: ExtractorRegistry | None = None,
         estimate: bool = True,
         inject_usage: bool = True,
+        record: RecordMode = "inline",
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._usage_option = UsageOption(inject_usage, self.fuse)
+        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _AsyncInnerTransport] = {}
 
@@ -280,6 +307,8 @@ class AsyncFuseTransport(_AsyncBase):
         return response
 
     async def aclose(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()  # a join of at most FLUSH_WAIT: the worker is a thread
         if self._inner is not None:
             await self._inner.aclose()
         for made in self._made.values():
@@ -319,6 +348,9 @@ class AsyncFuseTransport(_AsyncBase):
     async def _settle(self, meter: Meter, complete: bool) -> None:
         amount = meter.finish(complete=complete)
         if amount is None:
+            return
+        if self._recorder is not None:
+            self._recorder.submit(meter, amount)  # never waits (inline only when full)
             return
         try:
             meter.report.record = await self.fuse.arecord(meter.identity, amount)
