@@ -37,6 +37,7 @@ from ._middleware import (
     inbound_fuse,
     report_tokens,
 )
+from ._settings import configure
 from ._stores.memory import MemoryStore
 from ._transport import (
     AsyncFuseTransport,
@@ -98,6 +99,7 @@ __all__ = [
     "__version__",
     "bearer_or_api_key",
     "by_header",
+    "configure",
     "current_scope",
     "default_fuse",
     "default_inbound_fuse",

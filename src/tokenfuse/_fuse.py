@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -466,14 +465,9 @@ def _status(identity: Identity, status: KeyStatus) -> Status:
     )
 
 
-_default: Fuse | None = None
-_default_lock = threading.Lock()
-
-
 def default_fuse() -> Fuse:
-    """The process-wide fuse that argument-less transports use (embedded store)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Fuse()
-        return _default
+    """The process-wide fuse that argument-less transports use: the embedded store, or what
+    the ``TOKENFUSE_*`` environment or ``tokenfuse.configure`` set (``_settings``)."""
+    from ._settings import default_fuses
+
+    return default_fuses()[0]
