@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hooks", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hooks", "listen", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
@@ -34,6 +35,30 @@ class FuseEvent:
 
 Hook = Callable[[FuseEvent], object]
 
+# Hooks of the whole process (``listen``): a tuple replaced on change, so emitting reads it
+# without a lock.
+_everywhere: tuple[Hook, ...] = ()
+_everywhere_lock = threading.Lock()
+
+
+def listen(hook: Hook) -> Callable[[], None]:
+    """Call ``hook`` with every event of every fuse in this process, after each fuse's own
+    hooks; returns a function that stops it. Metrics, alert sinks and event feeds use this.
+
+    >>> stop = listen(print)
+    >>> stop()
+    """
+    global _everywhere
+    with _everywhere_lock:
+        _everywhere = (*_everywhere, hook)
+
+    def stop() -> None:
+        global _everywhere
+        with _everywhere_lock:
+            _everywhere = tuple(h for h in _everywhere if h is not hook)
+
+    return stop
+
 
 class Hooks:
     """The listeners of one fuse. A failing hook is logged and never breaks the guarded call."""
@@ -51,7 +76,7 @@ class Hooks:
 
     def emit(self, event: FuseEvent, level: int = logging.WARNING) -> None:
         logger.log(level, "%s: %s", event.kind, event.detail)
-        for hook in self._hooks:
+        for hook in (*self._hooks, *_everywhere):
             try:
                 hook(event)
             except Exception:

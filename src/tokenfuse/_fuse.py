@@ -29,6 +29,8 @@ from ._errors import (
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
+from ._observe import apply as apply_settings
+from ._settings import current as current_settings
 from ._stores.base import UNSET, AsyncStore, KeyStatus, SyncStore, Unset, async_face, sync_face
 from ._stores.memory import MemoryStore
 
@@ -132,6 +134,7 @@ class Fuse:
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
         self._async_store = async_face(self.store)
+        apply_settings(current_settings())  # the process's observers (metrics, alerts)
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"

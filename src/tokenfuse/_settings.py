@@ -96,6 +96,13 @@ def _count(value: int | str, name: str) -> int:
     return int(number)
 
 
+def _url(value: str, name: str) -> str | None:
+    url = str(value).strip()
+    if url and not url.startswith(("http://", "https://")):
+        raise ConfigurationError(f"{name} must be an http:// or https:// URL")
+    return url or None
+
+
 def _keys(value: str | tuple[str, ...] | list[str], name: str) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else list(value)
     return tuple(item.strip() for item in items if item.strip())
@@ -203,7 +210,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "TOKENFUSE_ALERT_WEBHOOK",
         "alert_webhook",
-        lambda v, n: str(v).strip() or None,
+        _url,
         "URL that receives a JSON POST for every trip and near-limit episode.",
     ),
     Variable(
@@ -372,7 +379,7 @@ class _Defaults:
     store: SyncStore | AsyncStore | None = None
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: building the default fuses reads the settings
 _state: _Defaults | None = None
 
 
@@ -405,6 +412,7 @@ def configure(**settings: Any) -> Settings:
     with _lock:
         updated = _defaults().settings.updated(**settings)
         _state = _Defaults(updated)
+    _observers_follow(updated)
     return updated
 
 
@@ -414,7 +422,14 @@ def reload(environ: Mapping[str, str] | None = None) -> Settings:
     global _state
     with _lock:
         _state = _Defaults(Settings.from_env(environ))
-        return _state.settings
+    _observers_follow(_state.settings)
+    return _state.settings
+
+
+def _observers_follow(settings: Settings) -> None:
+    from ._observe import apply  # it imports this module
+
+    apply(settings)
 
 
 def default_fuses() -> tuple[Fuse, Fuse]:
