@@ -93,7 +93,7 @@ class FuseTripped(TokenFuseError):
     def describe(self) -> str:
         """The human sentence; subclasses say what the numbers mean."""
         return (
-            f"{self.unit} limit reached for key {self.key}: {_fmt(self.rate)} over "
+            f"limit reached for key {self.key}: {_fmt(self.rate)} {self.unit}, over the limit of "
             f"{_fmt(self.limit)} (retry in {_seconds(self.retry_after)})"
         )
 
@@ -112,8 +112,16 @@ class FuseTripped(TokenFuseError):
         }
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Keyword-only __init__ needs help to survive pickling (multiprocessing, Celery).
-        return (_rebuild, (type(self), self.__dict__.copy()))
+        return reduce_as(self, type(self))
+
+
+def reduce_as(error: FuseTripped, kind: type[FuseTripped]) -> tuple[object, ...]:
+    """``error.__reduce__()`` that unpickles as a ``kind``.
+
+    A keyword-only ``__init__`` needs help to survive pickling (multiprocessing, Celery); a
+    refusal class made at run time (the transport's, for the SDKs) pickles as its plain one.
+    """
+    return (_rebuild, (kind, error.__dict__.copy()))
 
 
 def _rebuild(cls: type[FuseTripped], state: dict[str, object]) -> FuseTripped:
@@ -146,7 +154,7 @@ class CeilingExceeded(FuseTripped):
     def describe(self) -> str:
         which = "cold-start ceiling" if self.reason == "cold_start_ceiling" else "ceiling"
         return (
-            f"{self.unit} rate over the {which}: {_fmt(self.rate)} {self.unit}/min is above "
+            f"rate over the {which}: {_fmt(self.rate)} {self.unit}/min is above "
             f"{_fmt(self.limit)} {self.unit}/min for key {self.key} "
             f"(blocked for {_seconds(self.retry_after)})"
         )

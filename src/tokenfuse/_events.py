@@ -11,7 +11,7 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hooks", "listen", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "listen", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 

@@ -42,8 +42,8 @@ def _apply_webhook(url: str | None) -> None:
         _webhook = None
     if url is None:
         return
+    from ._alerts import WebhookSink
     from ._events import listen
-    from .alerts import WebhookSink
 
     sink = WebhookSink(url)
     _webhook = (url, listen(sink), sink.close)

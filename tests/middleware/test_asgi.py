@@ -223,23 +223,8 @@ class SyncOnlyStore:
             raise AttributeError(name)
         return getattr(self._inner, name)
 
-    def gate(self, *a: Any, **k: Any) -> Any:
-        return self._inner.gate(*a, **k)
-
-    def record(self, *a: Any, **k: Any) -> Any:
-        return self._inner.record(*a, **k)
-
-    def admit(self, *a: Any, **k: Any) -> Any:
-        return self._inner.admit(*a, **k)
-
-    def status(self, *a: Any, **k: Any) -> Any:
-        return self._inner.status(*a, **k)
-
-    def reset(self, *a: Any, **k: Any) -> Any:
-        return self._inner.reset(*a, **k)
-
-    def configure(self, *a: Any, **k: Any) -> Any:
-        return self._inner.configure(*a, **k)
+    def run(self, op: Any) -> Any:
+        return self._inner.run(op)
 
 
 class AsyncOnlyStore:

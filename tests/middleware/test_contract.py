@@ -104,7 +104,7 @@ def test_a_live_ceiling_trips_the_velocity_check_on_a_tool_endpoint(
     assert tripped.json() == {
         "type": "manual_ceiling",
         "message": (
-            "calls rate over the ceiling: 21 calls/min is above 20 calls/min for key "
+            "rate over the ceiling: 21 calls/min is above 20 calls/min for key "
             "sk-…0001 (blocked for 60 s)"
         ),
         "key": "sk-…0001",

@@ -9,8 +9,9 @@ import pytest
 from tests.conftest import Clock
 from tests.operators.webhook_server import Receiver, webhook_receiver
 from tokenfuse import Fuse, Identity, MemoryStore, VelocityPolicy
-from tokenfuse.alerts import WebhookSink, listen
+from tokenfuse.alerts import WebhookSink
 from tokenfuse.config import Settings
+from tokenfuse.events import listen
 
 SECRET = "sk-live-0123456789abcdefXYZ9"
 

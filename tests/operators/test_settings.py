@@ -32,7 +32,7 @@ SAMPLES = {
     "TOKENFUSE_LEARNING_PERIOD": ("1d", 86_400.0),
     "TOKENFUSE_COOLDOWN": ("2m", 120.0),
     "TOKENFUSE_INBOUND_LIMIT": ("600/hour", 10.0),
-    "TOKENFUSE_BUCKET_RATE": ("600/min", 10.0),
+    "TOKENFUSE_BUCKET_RATE": ("1.2k/min", 20.0),
     "TOKENFUSE_BUCKET_CAPACITY": ("80", 80.0),
     "TOKENFUSE_ALERT_WEBHOOK": ("https://hooks.example/x", "https://hooks.example/x"),
     "TOKENFUSE_METRICS": ("off", False),

@@ -1,30 +1,22 @@
 """Velocity: the amount a key spends in a sliding 60 s window, judged against its own normal.
 
+docs/design.md explains each rule: "Decision order", "Baseline estimator" and "Latch".
+
 **Window.** Thirteen 5-second slots in a ring: the twelve newest count fully and the oldest
-counts for the part of it still inside the last 60 s, so a steady stream is measured exactly
-and state stays a fixed size however many calls a key makes. Each slot also keeps its largest
-single amount, so a spike can be tested with the window's largest call left out.
+counts for the part of it still inside the last 60 s. Each slot also keeps its largest single
+amount, so a spike can be tested with the window's largest call left out.
 
-**Decision**, in order (DESIGN §1.1):
+**Decision**, in order: the manual ceiling (``rate > limit``); once the baseline is
+established and meaningful, the spike (``rate >= spike_multiple x baseline``, still without
+the largest call); until then, the cold-start ceiling (``rate > cold_start_limit``).
 
-1. manual ceiling: ``rate > limit`` (a live override stored with the key wins over code);
-2. spike: once the baseline is *established* (first seen ``learning_period`` ago and
-   ``min_samples`` learned minutes) and *meaningful* (``>= min_baseline``), a
-   ``rate >= spike_multiple x baseline`` that still holds without the window's largest call
-   is a loop;
-3. cold start: while the spike check is not armed, ``rate > cold_start_limit``.
+**Baseline.** The exponentially time-weighted mean of the key's *active* minutes, updated in
+O(1) as ``weight = weight·d + 1; baseline += (x - baseline) / weight``. A completed minute
+waits one minute as *pending*; a minute in which the key tripped or was open is never learned,
+nor is the minute before it.
 
-**Baseline estimator.** The exponentially time-weighted mean of the amounts of the key's
-*active* calendar minutes (minutes with no traffic are not zeros; they just do not occur):
-``baseline = Σ xᵢ·wᵢ / Σ wᵢ`` with ``wᵢ = 2^-(age/half_life)``, updated in O(1) as
-``weight = weight·d + 1; baseline += (x - baseline) / weight`` where ``d`` is the decay since
-the last learned minute. A key idle for a weekend keeps its baseline (all weights decay alike).
-A completed minute is learned one minute late: it waits as *pending* and is dropped if the
-next minute tripped, because a loop usually starts in the minute before the one it trips in.
-Minutes in which the key tripped or was open are never learned.
-
-**Latch.** A trip opens the key for ``cooldown`` seconds, doubling for each further trip that
-comes within ``escalation_window`` of the previous one, capped at ``cooldown_max``.
+**Latch.** A trip opens the key for ``cooldown`` seconds, doubling for each further trip within
+``escalation_window`` of the previous one, capped at ``cooldown_max``.
 """
 
 from __future__ import annotations
@@ -40,14 +32,15 @@ __all__ = [
     "SLOTS",
     "SLOT_SECONDS",
     "VelocityPolicy",
-    "VelocitySnapshot",
     "VelocityState",
     "VelocityVerdict",
+    "established",
     "gate",
+    "manual_ceiling",
     "new_state",
+    "rate_at",
     "record",
     "reset",
-    "snapshot",
 ]
 
 WINDOW_SECONDS = 60.0
@@ -75,35 +68,39 @@ def _positive(value: float, what: str) -> float:
 class VelocityPolicy:
     """How a fuse judges the rate of one kind of amount (tokens, calls, dollars).
 
-    Every default is the documented one; rates accept numbers (per minute) or ``limits``
-    strings such as ``"50000/minute"``.
+    Rates are numbers per minute or rate strings (``"50000/minute"``, ``"50k/min"``,
+    ``"1M/hour"``); times are seconds. Every default is the one documented here.
 
-    >>> VelocityPolicy(limit="50000/minute").limit
+    Attributes:
+        limit: manual ceiling per minute, ``None`` for none; a live override per key wins.
+        spike_multiple: a rate this many times the established baseline is a loop (10).
+        min_baseline: baselines below this per minute are too small to spike-check (100).
+        learning_period: how long since a key was first seen before its baseline can be
+            established (3 days).
+        min_samples: learned active minutes needed before the baseline counts (60).
+        cold_start_limit: ceiling per minute while the spike check is not armed (100,000).
+        half_life: after this long, a learned minute weighs half as much (1 day).
+        cooldown: how long a trip keeps the key open (60 s).
+        cooldown_max: the cap on an escalated cooldown (3,600 s).
+        escalation_window: a trip within this long of the previous one doubles the
+            cooldown (3,600 s).
+        unit: what the amounts are, for messages: ``tokens``, ``calls``, ...
+
+    >>> VelocityPolicy(limit="50k/min").limit
     50000.0
     """
 
     limit: float | None
-    """Manual ceiling per minute; ``None`` = none. A live override per key wins."""
     spike_multiple: float
-    """A rate this many times the established baseline is a loop (default 10)."""
     min_baseline: float
-    """Baselines below this are too small to spike-check (default 100 per minute)."""
     learning_period: float
-    """Seconds since a key was first seen before its baseline can be established (3 days)."""
     min_samples: int
-    """Active minutes a key must have been learned from before its baseline counts (60)."""
     cold_start_limit: float | None
-    """Ceiling per minute while spike detection is not armed (default 100,000)."""
     half_life: float
-    """Seconds after which a learned minute weighs half as much in the baseline (1 day)."""
     cooldown: float
-    """Seconds a key stays open after a trip (default 60)."""
     cooldown_max: float
-    """Cap on the escalated cooldown (default 3,600 s)."""
     escalation_window: float
-    """A trip within this many seconds of the previous one doubles the cooldown (3,600 s)."""
     unit: str
-    """What the amounts are, for messages: ``tokens``, ``calls``, ..."""
 
     def __init__(
         self,
@@ -230,15 +227,18 @@ def _roll_minute(state: VelocityState, now: float, params: VelocityPolicy) -> No
     state.minute_amount = 0.0
 
 
-def _established(state: VelocityState, now: float, params: VelocityPolicy) -> bool:
+def established(state: VelocityState, now: float, params: VelocityPolicy) -> bool:
+    """Whether the key's baseline counts: first seen ``learning_period`` ago, with at least
+    ``min_samples`` learned minutes."""
     return now - state.first_seen >= params.learning_period and state.samples >= params.min_samples
 
 
 def _baseline(state: VelocityState, now: float, params: VelocityPolicy) -> float | None:
-    return state.baseline if _established(state, now, params) else None
+    return state.baseline if established(state, now, params) else None
 
 
-def _ceiling(state: VelocityState, params: VelocityPolicy) -> float | None:
+def manual_ceiling(state: VelocityState, params: VelocityPolicy) -> float | None:
+    """The manual ceiling in force: the key's live override, else the policy's limit."""
     return state.limit_override if state.limit_override >= 0.0 else params.limit
 
 
@@ -262,7 +262,7 @@ def _judge(
 ) -> tuple[int, float | None, float | None]:
     """(reason code or 0, the limit that applies, the established baseline)."""
     baseline = _baseline(state, now, params)
-    ceiling = _ceiling(state, params)
+    ceiling = manual_ceiling(state, params)
     if ceiling is not None and rate > ceiling:
         return _MANUAL, ceiling, baseline
     if baseline is not None and baseline >= params.min_baseline:
@@ -340,38 +340,16 @@ def reset(state: VelocityState) -> None:
     state.largest = [0.0] * SLOTS
 
 
-@dataclass(frozen=True, slots=True)
-class VelocitySnapshot:
-    rate: float
-    baseline: float | None  # None unless established
-    learned_baseline: float
-    samples: int
-    first_seen: float
-    established: bool
-    open_until: float | None
-    limit: float | None
-
-
-def snapshot(state: VelocityState, now: float, params: VelocityPolicy) -> VelocitySnapshot:
-    """A read-only view for ``Fuse.status``; learns nothing and moves nothing."""
-    rate = 0.0
-    if state.head >= 0 and math.floor(now / SLOT_SECONDS) - state.head < SLOTS:
-        probe = VelocityState(
-            first_seen=state.first_seen,
-            head=state.head,
-            amounts=list(state.amounts),
-            largest=list(state.largest),
-        )
-        _advance(probe, now)
-        rate, _ = _window(probe, now)
-    established = _established(state, now, params)
-    return VelocitySnapshot(
-        rate=rate,
-        baseline=state.baseline if established else None,
-        learned_baseline=state.baseline,
-        samples=state.samples,
+def rate_at(state: VelocityState, now: float) -> float:
+    """The rate over the 60 s before ``now``, read without moving the key's ring (for status)."""
+    if state.head < 0 or math.floor(now / SLOT_SECONDS) - state.head >= SLOTS:
+        return 0.0  # nothing recorded, or all of it older than the window
+    probe = VelocityState(
         first_seen=state.first_seen,
-        established=established,
-        open_until=state.open_until if state.open_until > now else None,
-        limit=_ceiling(state, params),
+        head=state.head,
+        amounts=list(state.amounts),
+        largest=list(state.largest),
     )
+    _advance(probe, now)
+    rate, _ = _window(probe, now)
+    return rate
