@@ -15,15 +15,24 @@ __all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "listen", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
-EventKind = Literal["tripped", "near_limit", "store_unavailable", "store_recovered"]
+EventKind = Literal[
+    "tripped",  # a key was opened (``error`` is the refusal)
+    "near_limit",  # a caller has used most of its bucket's refill for a while
+    "store_unavailable",
+    "store_recovered",
+    "reset",  # a key was closed and refilled by hand (``Fuse.reset``)
+    "configured",  # a key's live limit or bucket was changed (``set_limit``, ``set_bucket``)
+]
 
 
 @dataclass(frozen=True, slots=True)
 class FuseEvent:
-    """Something an operator may want to page on.
+    """Something an operator may want to see or page on.
 
-    ``key`` is the redacted label of the identity (None for store events); ``error`` is the
-    refusal for ``tripped``; ``detail`` is a one-line human explanation.
+    ``key`` is the redacted label of the identity and ``key_id`` its non-secret id, by which an
+    operator addresses it (``tokenfuse reset <key_id>``); both are None for store events.
+    ``fuse`` is the name of the fuse that reported it. ``error`` is the refusal for
+    ``tripped``; ``detail`` is a one-line human explanation.
     """
 
     kind: EventKind
@@ -31,6 +40,8 @@ class FuseEvent:
     detail: str
     error: FuseTripped | None = None
     at: float = field(default_factory=time.time)
+    key_id: str | None = None
+    fuse: str | None = None
 
 
 Hook = Callable[[FuseEvent], object]
@@ -75,7 +86,10 @@ class Hooks:
         self._hooks.append(hook)
 
     def emit(self, event: FuseEvent, level: int = logging.WARNING) -> None:
-        logger.log(level, "%s: %s", event.kind, event.detail)
+        if event.key_id is None:
+            logger.log(level, "%s: %s", event.kind, event.detail)
+        else:
+            logger.log(level, "%s: %s [key id %s]", event.kind, event.detail, event.key_id)
         for hook in (*self._hooks, *_everywhere):
             try:
                 hook(event)

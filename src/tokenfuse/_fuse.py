@@ -28,7 +28,7 @@ from ._errors import (
     QuotaExhausted,
     StoreUnavailable,
 )
-from ._events import FuseEvent, Hook, Hooks, logger
+from ._events import EventKind, FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
 from ._observe import apply as apply_settings
@@ -195,18 +195,26 @@ class Fuse:
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
-        self._sync().run(Reset(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        self._sync().run(op := Reset(self._key(identity)))
+        self._changed(identity, op)
 
     async def areset(self, who: Who) -> None:
-        await self._async().arun(Reset(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        await self._async().arun(op := Reset(self._key(identity)))
+        self._changed(identity, op)
 
     def set_limit(self, who: Who, limit: float | str | None) -> None:
         """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
         process sharing the store: it is read with the key's state on its next decision."""
-        self._sync().run(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
+        identity = Identity.of(who)
+        self._sync().run(op := Configure(self._key(identity), limit=_limit(limit)))
+        self._changed(identity, op)
 
     async def aset_limit(self, who: Who, limit: float | str | None) -> None:
-        await self._async().arun(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
+        identity = Identity.of(who)
+        await self._async().arun(op := Configure(self._key(identity), limit=_limit(limit)))
+        self._changed(identity, op)
 
     def set_bucket(
         self,
@@ -216,7 +224,9 @@ class Fuse:
         capacity: float | None | Unset = UNSET,
     ) -> None:
         """Change one caller's bucket live (None restores the policy's value)."""
-        self._sync().run(self._bucket_op(who, rate, capacity))
+        identity = Identity.of(who)
+        self._sync().run(op := self._bucket_op(identity, rate, capacity))
+        self._changed(identity, op)
 
     async def aset_bucket(
         self,
@@ -225,7 +235,28 @@ class Fuse:
         rate: float | str | None | Unset = UNSET,
         capacity: float | None | Unset = UNSET,
     ) -> None:
-        await self._async().arun(self._bucket_op(who, rate, capacity))
+        identity = Identity.of(who)
+        await self._async().arun(op := self._bucket_op(identity, rate, capacity))
+        self._changed(identity, op)
+
+    def _changed(self, identity: Identity, op: Reset | Configure) -> None:
+        """Report a change made by hand (an event, so every operator sees who changed what)."""
+        if isinstance(op, Reset):
+            detail = f"key {identity.label} reset: closed, its window cleared, its bucket refilled"
+            self._emit("reset", identity, detail, level=logging.INFO)
+            return
+        unit = self._velocity_for_reads.unit
+        changes = [
+            f"{what} {'back to the policy' if value is None else f'{value:,g}{suffix}'}"
+            for what, value, suffix in (
+                ("manual ceiling", op.limit, f" {unit}/min"),
+                ("bucket capacity", op.capacity, ""),
+                ("bucket rate", op.rate, "/s"),
+            )
+            if not isinstance(value, Unset)
+        ]
+        detail = f"key {identity.label}: " + ", ".join(changes)
+        self._emit("configured", identity, detail, level=logging.INFO)
 
     # -- the operations ---------------------------------------------------------------------------
 
@@ -250,9 +281,9 @@ class Fuse:
         return ReadStatus(self._key(identity), self._velocity_for_reads, self.bucket)
 
     def _bucket_op(
-        self, who: Who, rate: float | str | None | Unset, capacity: float | None | Unset
+        self, identity: Identity, rate: float | str | None | Unset, capacity: float | None | Unset
     ) -> Configure:
-        key = self._key(Identity.of(who))
+        key = self._key(identity)
         return Configure(key, rate=_rate(rate), capacity=_capacity(capacity))
 
     # -- running them ---------------------------------------------------------------------------
@@ -314,6 +345,19 @@ class Fuse:
         self._healthy()
         return decide(identity, verdict)
 
+    def _emit(
+        self,
+        kind: EventKind,
+        identity: Identity,
+        detail: str,
+        error: FuseTripped | None = None,
+        level: int = logging.WARNING,
+    ) -> None:
+        event = FuseEvent(
+            kind, identity.label, detail, error, key_id=identity.key_id, fuse=self.name
+        )
+        self.hooks.emit(event, level)
+
     def _healthy(self) -> None:
         if self.health.succeeded():
             self.hooks.emit(FuseEvent("store_recovered", None, "store answers again"), logging.INFO)
@@ -334,7 +378,7 @@ class Fuse:
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
         error = None if verdict.allowed else self._velocity_error(identity, verdict)
         if verdict.tripped and error is not None:
-            self.hooks.emit(FuseEvent("tripped", identity.label, str(error), error))
+            self._emit("tripped", identity, str(error), error)
         return Decision(
             key=identity.label,
             allowed=verdict.allowed,
@@ -368,7 +412,7 @@ class Fuse:
                 f"({bucket.rate:g}/s) for more than "
                 f"{self.bucket.near_limit_after if self.bucket else 300:.0f} s"
             )
-            self.hooks.emit(FuseEvent("near_limit", identity.label, detail))
+            self._emit("near_limit", identity, detail)
         if verdict.velocity is not None and not verdict.velocity.allowed:
             decision = self._velocity_decision(identity, verdict.velocity)
             return _with_bucket(decision, bucket)

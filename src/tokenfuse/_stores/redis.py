@@ -6,6 +6,9 @@ needs no lock, pipeline or retry loop. ``redis_codec`` says how each operation b
 script's arguments and how its reply becomes the result; ``run`` and ``arun`` differ only in
 awaiting the script call.
 
+``ListKeys``, the one operation about many keys, is no script: it walks the keyspace with
+``SCAN`` (``redis_listing``).
+
 **State.** All of an identity's state, live overrides included, is one packed string with a
 TTL, ``<prefix>:{<key>}``, read and written once per decision: every process sees an override
 with its next decision, in the same round trip. The layout is in ``redis_codec``, the reasons
@@ -23,10 +26,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError, StoreUnavailable
-from .ops import Op
+from . import redis_listing
+from .ops import ListKeys, Op
 from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient
 from .redis_codec import CODECS, Args, Codec, key_of
 
@@ -140,6 +144,11 @@ class RedisStore:
 
     def run(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs a sync client."""
+        if type(op) is ListKeys:  # many keys, no script (``redis_listing``)
+            client = self._clients.sync_client()
+            with _Unavailable(op.name):
+                page = redis_listing.run_sync(client, op, self.prefix, self._now())
+            return cast(R, page)
         codec, keys, args = self._encode(op)
         script = self._clients.sync_scripts()[op.name]
         with _Unavailable(op.name):
@@ -149,6 +158,11 @@ class RedisStore:
 
     async def arun(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
+        if type(op) is ListKeys:
+            client = self._clients.async_client()
+            with _Unavailable(op.name):
+                page = await redis_listing.run_async(client, op, self.prefix, self._now())
+            return cast(R, page)
         codec, keys, args = self._encode(op)
         script = self._clients.async_scripts()[op.name]
         with _Unavailable(op.name):
@@ -160,3 +174,6 @@ class RedisStore:
         codec = CODECS[type(op)]
         now = "" if self.clock is None else repr(float(self.clock()))
         return codec, (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)
+
+    def _now(self) -> float | None:
+        return None if self.clock is None else float(self.clock())

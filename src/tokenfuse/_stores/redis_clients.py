@@ -153,6 +153,18 @@ class Clients:
             }
         return scripts
 
+    def sync_client(self) -> SyncClient:
+        """The sync client itself, for commands other than the scripts (``ListKeys``)."""
+        self.sync_scripts()
+        assert self._sync is not None
+        return self._sync
+
+    def async_client(self) -> AsyncClient:
+        """The asyncio client itself, for commands other than the scripts (``ListKeys``)."""
+        self.async_scripts()
+        assert self._async is not None
+        return self._async
+
     def close(self) -> None:
         client, self._sync, self._sync_scripts = self._sync, None, None
         if client is not None and self._owned:
