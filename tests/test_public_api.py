@@ -36,6 +36,7 @@ def test_the_public_modules() -> None:
         "events",
         "fuse",
         "integrations",
+        "mcp",
         "middleware",
         "stores",
         "transport",

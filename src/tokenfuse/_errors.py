@@ -8,6 +8,7 @@
     │   ├── CeilingExceeded    rate above a manual or cold-start per-minute ceiling
     │   └── QuotaExhausted     the caller's token bucket is empty
     ├── StoreUnavailable       the store failed and the fuse was told to fail closed
+    │   └── StoreBusy          only this process's connection pool was full (back-pressure)
     └── ConfigurationError     also a ``ValueError``: bad options, caught at construction
 
 Every refusal carries the numbers that explain it, so the message a user reads says what
@@ -22,6 +23,7 @@ __all__ = [
     "FuseTripped",
     "LoopSuspected",
     "QuotaExhausted",
+    "StoreBusy",
     "StoreUnavailable",
     "TokenFuseError",
 ]
@@ -37,6 +39,13 @@ class ConfigurationError(TokenFuseError, ValueError):
 
 class StoreUnavailable(TokenFuseError):
     """The store could not be reached and the fuse was told to fail closed."""
+
+
+class StoreBusy(StoreUnavailable):
+    """The store answers, but no pooled connection came free within the decision's budget.
+
+    Back-pressure inside this process, not an outage: it never makes the fuse back off.
+    """
 
 
 def _fmt(value: float) -> str:

@@ -22,6 +22,7 @@ EventKind = Literal[
     "store_recovered",
     "reset",  # a key was closed and refilled by hand (``Fuse.reset``)
     "configured",  # a key's live limit or bucket was changed (``set_limit``, ``set_bucket``)
+    "pool_exhausted",  # the store's connection pool had no connection for a decision
 ]
 
 

@@ -27,6 +27,7 @@ from ._errors import (
     FuseTripped,
     LoopSuspected,
     QuotaExhausted,
+    StoreBusy,
     StoreUnavailable,
 )
 from ._events import EventKind, FuseEvent, Hook, Hooks, logger
@@ -385,20 +386,21 @@ class Fuse:
         self.hooks.emit(event, level)
 
     def _healthy(self) -> None:
-        if self.health.succeeded():
-            self.hooks.emit(FuseEvent("store_recovered", None, "store answers again"), logging.INFO)
+        recovered = self.health.succeeded()
+        if recovered is not None:
+            self.hooks.emit(recovered, logging.INFO)
 
     def _degraded(self, identity: Identity, exc: Exception | None) -> Decision:
         """The store failed (or is being skipped): fail open, or closed if so configured."""
         if exc is not None:
             if not isinstance(exc, StoreUnavailable):
                 logger.error("tokenfuse store %r raised unexpectedly", self.store, exc_info=exc)
-            if self.health.failed():
-                failing = "closed" if self.fail_closed else "open"
-                detail = f"store unavailable, failing {failing}: {exc}"
-                self.hooks.emit(FuseEvent("store_unavailable", None, detail))
+            event = self.health.failed(exc, fail_closed=self.fail_closed)
+            if event is not None:
+                self.hooks.emit(event)
         if self.fail_closed:
-            raise StoreUnavailable(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
+            kind = StoreBusy if isinstance(exc, StoreBusy) else StoreUnavailable
+            raise kind(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
         return Decision(key=identity.label, allowed=True, degraded=True)
 
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:

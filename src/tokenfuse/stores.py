@@ -12,14 +12,17 @@
 
 ``MemoryStore`` is the default. ``RedisStore`` needs the ``redis`` extra and is imported only
 when first used. ``SyncStore`` and ``AsyncStore`` are the contract a store keeps, for type
-annotations. docs/design.md ("State layout") describes what each store keeps.
+annotations. docs/design.md ("State layout") describes what each store keeps;
+docs/operations.md what a ``RedisStore`` does when Redis is slow, full or gone, and how
+``StoreHealth.counts`` (a ``HealthCounts``) and ``StoreBusy`` show it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._health import StoreHealth
+from ._errors import StoreBusy
+from ._health import HealthCounts, StoreHealth
 from ._stores.base import AsyncStore, SyncStore
 from ._stores.memory import MemoryStore
 
@@ -28,7 +31,15 @@ if TYPE_CHECKING:
 
     from ._stores.redis import RedisStore
 
-__all__ = ["AsyncStore", "MemoryStore", "RedisStore", "StoreHealth", "SyncStore"]
+__all__ = [
+    "AsyncStore",
+    "HealthCounts",
+    "MemoryStore",
+    "RedisStore",
+    "StoreBusy",
+    "StoreHealth",
+    "SyncStore",
+]
 
 
 def __getattr__(name: str) -> Any:
