@@ -22,12 +22,14 @@ metered call) methods; they run on the hot path, so they must be quick and do no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._metrics.tally import LATENCY_BUCKETS, KeySeen, Tally
 from ._observe import CallFacts, DecisionObserver, UsageObserver, install
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from ._metrics.otel import GenAITokenUsage
     from ._metrics.prometheus import TallyCollector, default_tally
 
