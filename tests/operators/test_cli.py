@@ -25,15 +25,15 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def deployment(redis_url: str, prefix: str) -> Iterator[dict[str, str]]:
+def deployment(redis_url: str, redis_prefix: str) -> Iterator[dict[str, str]]:
     """A deployment's environment, and some traffic in its Redis: seven agents, one tripped
     credential, two inbound callers."""
     env = {
         "TOKENFUSE_REDIS_URL": redis_url,
-        "TOKENFUSE_REDIS_PREFIX": prefix,
+        "TOKENFUSE_REDIS_PREFIX": redis_prefix,
         "TOKENFUSE_LIMIT": "10k/min",
     }
-    store = RedisStore.from_url(redis_url, prefix=prefix)
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
     outbound = Fuse(store, velocity=VelocityPolicy(limit=10_000))
     inbound = Fuse(store, name="inbound", bucket=FREE)
     for n in range(1, 8):

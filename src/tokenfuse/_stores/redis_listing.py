@@ -143,33 +143,39 @@ def _primaries(client: Any) -> tuple[list[str | None], dict[str, Any] | None]:
     return sorted(nodes), nodes
 
 
-def run_sync(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
-    """One page of ``op``, walked with a sync redis-py client."""
-    names, nodes = _primaries(client)
-    steps = walk(op, prefix, names, clock)
-    reply: Any = None
-    while True:
+class _Walk:
+    """One page's steps, each turned into the client call that carries it out."""
+
+    def __init__(self, client: Any, op: ListKeys, prefix: str, clock: float | None) -> None:
+        names, self._nodes = _primaries(client)
+        self._client = client
+        self._steps = walk(op, prefix, names, clock)
+
+    def advance(self, reply: Any) -> tuple[Any, Any] | KeyPage:
+        """The next (call, shape of its answer), or the page once the steps are done."""
         try:
-            step = steps.send(reply)
+            step = self._steps.send(reply)
         except StopIteration as done:
             page: KeyPage = done.value
             return page
-        call, shape = _command(client, nodes, step)
+        return _command(self._client, self._nodes, step)
+
+
+def run_sync(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
+    """One page of ``op``, walked with a sync redis-py client."""
+    steps, reply = _Walk(client, op, prefix, clock), None
+    while not isinstance(step := steps.advance(reply), KeyPage):
+        call, shape = step
         reply = shape(call())
+    return step
 
 
 async def run_async(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
     """One page of ``op``, walked with an asyncio redis-py client."""
     if hasattr(client, "initialize"):
         await client.initialize()  # an asyncio cluster client learns its nodes on first use
-    names, nodes = _primaries(client)
-    steps = walk(op, prefix, names, clock)
-    reply: Any = None
-    while True:
-        try:
-            step = steps.send(reply)
-        except StopIteration as done:
-            page: KeyPage = done.value
-            return page
-        call, shape = _command(client, nodes, step)
+    steps, reply = _Walk(client, op, prefix, clock), None
+    while not isinstance(step := steps.advance(reply), KeyPage):
+        call, shape = step
         reply = shape(await call())
+    return step
