@@ -198,7 +198,7 @@ def test_per_key_series_only_for_the_allow_list_and_the_busiest(
         if line.startswith("tokenfuse_key_rate{")
     }
     assert series == {"agent-39", "agent-38", "agent-listed"}
-    listed = Identity.named("agent-listed").key_id
+    listed = fuse.key_id("agent-listed")
     assert (
         scrape.value("tokenfuse_key_rate", fuse="default", key_id=listed, key="agent-listed") == 1.0
     )

@@ -11,6 +11,7 @@ call would pay for: listing walks the store (``ListKeys``).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -18,11 +19,11 @@ from dataclasses import dataclass, replace
 from .._core.status import Status
 from .._core.velocity import VelocityPolicy
 from .._errors import ConfigurationError, TokenFuseError
-from .._events import FuseEvent
-from .._fuse import Fuse
+from .._events import EventKind, FuseEvent
+from .._fuse import Fuse, checked_overrides
 from .._identity import Identity
-from .._stores.base import sync_face
-from .._stores.ops import UNSET, ListKeys, Unset
+from .._stores.base import SyncStore, sync_face
+from .._stores.ops import UNSET, Configure, ListKeys, ReadStatus, Reset, Unset
 from .feed import EventFeed, feed_for
 from .refs import AmbiguousKey, KeyNotFound, KeyRef, looks_like_key_id
 from .views import SORTS, KeyState, KeyView
@@ -40,8 +41,13 @@ class NotAvailable(TokenFuseError):
 
 @dataclass(frozen=True, slots=True)
 class _Target:
+    """One key of one fuse: by its identity (a name, a credential), or, found by its key id,
+    by its store key (the store keeps no identity, only its keyed hash)."""
+
     fuse: Fuse
-    identity: Identity
+    identity: Identity | None
+    key: str = ""  # the store key, when there is no identity
+    label: str | None = None
 
 
 class Admin:
@@ -92,10 +98,7 @@ class Admin:
             cursor,
             count or self.page_size,
         )
-        store = sync_face(chosen.store)
-        if store is None:
-            raise ConfigurationError(f"{chosen.store!r} is async-only: Admin needs a sync store")
-        page = store.run(op)
+        page = _store(chosen).run(op)
         labels = self.labels()
         views = [_view(chosen, status, labels) for status in page.statuses]
         return views, page.cursor
@@ -135,7 +138,11 @@ class Admin:
         """Close the key at once in each fuse that has it (``Fuse.reset``); its views after."""
         targets = self._targets(_ref(ref), self._fuses(fuse), create=False)
         for target in targets:
-            target.fuse.reset(target.identity)
+            if target.identity is not None:
+                target.fuse.reset(target.identity)
+            else:
+                _store(target.fuse).run(Reset(target.key))
+            self._report(target, "reset", "reset: closed, its window cleared, its bucket refilled")
         return [self._status(target) for target in targets]
 
     def forgive(self, ref: KeyRef | str, *, fuse: str | None = None) -> list[KeyView]:
@@ -148,6 +155,8 @@ class Admin:
             )
         targets = self._targets(_ref(ref), self._fuses(fuse), create=False)
         for target in targets:
+            if target.identity is None:
+                raise NotAvailable("forgive takes a name or a credential (--name, --secret)")
             forgive(target.fuse, target.identity)
         return [self._status(target) for target in targets]
 
@@ -158,7 +167,7 @@ class Admin:
         A name or a credential that has no state yet gets one, in ``fuse`` or else the first
         fuse (the outbound one, by default): limits may come before the traffic."""
         (target,) = self._one(self._targets(_ref(ref), self._fuses(fuse), create=True), "set-limit")
-        target.fuse.set_limit(target.identity, limit)
+        self._configure(target, checked_overrides(limit=limit))
         return self._status(target)
 
     def set_bucket(
@@ -174,7 +183,7 @@ class Admin:
         if not bucketed:
             raise ConfigurationError("none of these fuses has a bucket (inbound fuses do)")
         (target,) = self._one(self._targets(_ref(ref), bucketed, create=True), "set-bucket")
-        target.fuse.set_bucket(target.identity, rate=rate, capacity=capacity)
+        self._configure(target, checked_overrides(rate=rate, capacity=capacity))
         return self._status(target)
 
     # -- events -------------------------------------------------------------------------------
@@ -212,16 +221,49 @@ class Admin:
         cursor = ""
         while len(found) < MAX_LISTED:
             views, cursor = self.page(fuse, cursor=cursor, key_id=key_id)
-            found.update((view.digest, view) for view in views)
+            found.update((view.status.key, view) for view in views)
             if not cursor:
                 break
         return list(found.values())
 
     def _status(self, target: _Target) -> KeyView:
+        fuse = target.fuse
+        if target.identity is not None:
+            status = fuse.status(target.identity)  # key: the label; key_id: the fuse's
+            return KeyView.of(fuse.name, status, fuse.velocity, target.identity.label)
+        op = ReadStatus(target.key, fuse.velocity or _READS, fuse.bucket)
+        return KeyView.of(fuse.name, _store(fuse).run(op), fuse.velocity, target.label)
+
+    def _configure(self, target: _Target, change: Configure) -> None:
+        """Set ``change``'s overrides on the target (by its fuse, or by its store key) and
+        report it."""
+        fuse = target.fuse
+        if target.identity is not None:
+            if not isinstance(change.limit, Unset):
+                fuse.set_limit(target.identity, change.limit)
+            if not (isinstance(change.rate, Unset) and isinstance(change.capacity, Unset)):
+                fuse.set_bucket(target.identity, rate=change.rate, capacity=change.capacity)
+        else:
+            _store(fuse).run(replace(change, key=target.key))
+        unit = (fuse.velocity or _READS).unit
+        shown = [
+            f"{what} {'back to the policy' if value is None else f'{value:,g}{suffix}'}"
+            for what, value, suffix in (
+                ("manual ceiling", change.limit, f" {unit}/min"),
+                ("bucket capacity", change.capacity, ""),
+                ("bucket refill", change.rate, "/s"),
+            )
+            if not isinstance(value, Unset)
+        ]
+        self._report(target, "configured", "set: " + ", ".join(shown))
+
+    def _report(self, target: _Target, kind: EventKind, detail: str) -> None:
+        """An operator's change, as an event every listener (and the event feed) sees."""
         fuse, identity = target.fuse, target.identity
-        status = fuse.status(identity)
-        status = replace(status, key=f"{fuse.name}:{identity.key}")
-        return KeyView.of(fuse.name, status, fuse.velocity, _label(identity))
+        key_id = fuse.key_id(identity) if identity else target.key.partition(":")[2][:12]
+        label = identity.label if identity else target.label or key_id
+        said = f"key {label} [id {key_id}] {detail} by an operator"
+        fuse.hooks.emit(FuseEvent(kind, label, said, key_id=key_id, fuse=fuse.name), logging.INFO)
 
     def _targets(self, ref: KeyRef, fuses: list[Fuse], *, create: bool) -> list[_Target]:
         """The keys ``ref`` names in ``fuses``; raises unless exactly one key (in one or more
@@ -233,7 +275,7 @@ class Admin:
                 f"{ref.text!r} is both a key id and a name: pass --id {ref.text} or "
                 f"--name {ref.text}"
             )
-        digests = {target.identity.key for target in by_id}
+        digests = {target.key.partition(":")[2] for target in by_id}
         if len(digests) > 1:
             shown = ", ".join(sorted(digest[:16] for digest in digests))
             raise AmbiguousKey(
@@ -249,9 +291,8 @@ class Admin:
     def _by_key_id(self, ref: KeyRef, fuses: Iterable[Fuse]) -> list[_Target]:
         if not looks_like_key_id(ref.text):
             return []
-        labels = self.labels()
         return [
-            _Target(chosen, Identity(key=view.digest, label=labels.get(view.key_id, view.key_id)))
+            _Target(chosen, None, view.status.key, view.label)
             for chosen in fuses
             for view in self._every(chosen.name, ref.text)
         ]
@@ -275,6 +316,13 @@ class Admin:
 _READS = VelocityPolicy()  # to read the statuses of a fuse without a velocity policy
 
 
+def _store(fuse: Fuse) -> SyncStore:
+    store = sync_face(fuse.store)
+    if store is None:
+        raise ConfigurationError(f"{fuse.store!r} is async-only: Admin needs a sync store")
+    return store
+
+
 def _ref(ref: KeyRef | str) -> KeyRef:
     return ref if isinstance(ref, KeyRef) else KeyRef.parse(ref)
 
@@ -283,11 +331,6 @@ def _view(fuse: Fuse, status: Status, labels: dict[str, str]) -> KeyView:
     view = KeyView.of(fuse.name, status, fuse.velocity)
     label = labels.get(view.key_id)
     return view if label is None else replace(view, label=label)
-
-
-def _label(identity: Identity) -> str | None:
-    # A target found by key id carries the id as its label when none is known.
-    return None if identity.label == identity.key_id else identity.label
 
 
 def _not_found(ref: KeyRef, fuses: Sequence[Fuse]) -> str:
