@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "listen", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
@@ -23,16 +24,20 @@ EventKind = Literal[
     "usage_estimated",
     "usage_unknown",
     "usage_partial",
+    "reset",  # a key was closed and refilled by an operator (tokenfuse.admin)
+    "configured",  # an operator changed a key's live limit or bucket (tokenfuse.admin)
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class FuseEvent:
-    """Something an operator may want to page on.
+    """Something an operator may want to see or page on.
 
-    ``key`` is the redacted label of the identity and ``key_id`` its short, non-secret id
-    (both None for store events); ``error`` is the refusal for ``tripped``; ``detail`` is a
-    one-line human explanation, naming the key by label and id.
+    ``key`` is the redacted label of the identity and ``key_id`` its short, non-secret id, by
+    which an operator addresses it (``tokenfuse reset <key_id>``); both None for store events.
+    ``fuse`` is the name of the fuse it is about, when the reporter says. ``error`` is the
+    refusal for ``tripped``; ``detail`` is a one-line human explanation, naming the key by label
+    and id.
     """
 
     kind: EventKind
@@ -41,9 +46,34 @@ class FuseEvent:
     error: FuseTripped | None = None
     at: float = field(default_factory=time.time)
     key_id: str | None = None
+    fuse: str | None = None
 
 
 Hook = Callable[[FuseEvent], object]
+
+# Hooks of the whole process (``listen``): a tuple replaced on change, so emitting reads it
+# without a lock.
+_everywhere: tuple[Hook, ...] = ()
+_everywhere_lock = threading.Lock()
+
+
+def listen(hook: Hook) -> Callable[[], None]:
+    """Call ``hook`` with every event of every fuse in this process, after each fuse's own
+    hooks; returns a function that stops it. Metrics, alert sinks and event feeds use this.
+
+    >>> stop = listen(print)
+    >>> stop()
+    """
+    global _everywhere
+    with _everywhere_lock:
+        _everywhere = (*_everywhere, hook)
+
+    def stop() -> None:
+        global _everywhere
+        with _everywhere_lock:
+            _everywhere = tuple(h for h in _everywhere if h is not hook)
+
+    return stop
 
 
 class Hooks:
@@ -62,7 +92,7 @@ class Hooks:
 
     def emit(self, event: FuseEvent, level: int = logging.WARNING) -> None:
         logger.log(level, "%s: %s", event.kind, event.detail)
-        for hook in self._hooks:
+        for hook in (*self._hooks, *_everywhere):
             try:
                 hook(event)
             except Exception:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from time import perf_counter
 from typing import TypeVar
 
 from ._core.admission import AdmitVerdict
@@ -34,7 +34,10 @@ from ._errors import (
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
+from ._observe import WATCHERS, decided, store_failed
+from ._observe import apply as apply_settings
 from ._secret import SecretSource, deployment_secret
+from ._settings import current as current_settings
 from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
@@ -51,7 +54,7 @@ from ._stores.ops import (
     Unset,
 )
 
-__all__ = ["Decision", "Fuse", "Status", "default_fuse"]
+__all__ = ["Decision", "Fuse", "Status", "checked_overrides", "default_fuse"]
 
 T = TypeVar("T")
 Who = str | Identity
@@ -147,6 +150,7 @@ class Fuse:
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
         self._async_store = async_face(self.store)
+        apply_settings(current_settings())  # the process's observers (metrics, alerts)
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"
@@ -352,14 +356,15 @@ class Fuse:
         if op is None:
             return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         store = self._sync()
-        if not self.health.available():
-            return self._degraded(identity, None)
-        try:
-            verdict = store.run(op)
-        except Exception as exc:
-            return self._degraded(identity, exc)
-        self._healthy()
-        return decide(identity, verdict)
+        # Metrics: when nothing observes decisions, this check is all they cost.
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: T | Exception | None = None  # None: the store is being skipped
+        if self.health.available():
+            try:
+                outcome = store.run(op)
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, decide, outcome, started)
 
     async def _adecide(
         self, identity: Identity, op: Op[T] | None, decide: Callable[[Identity, T], Decision]
@@ -368,14 +373,37 @@ class Fuse:
         if op is None:
             return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         store = self._async()
-        if not self.health.available():
-            return self._degraded(identity, None)
-        try:
-            verdict = await store.arun(op)
-        except Exception as exc:
-            return self._degraded(identity, exc)
-        self._healthy()
-        return decide(identity, verdict)
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: T | Exception | None = None
+        if self.health.available():
+            try:
+                outcome = await store.arun(op)
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, decide, outcome, started)
+
+    def _conclude(
+        self,
+        identity: Identity,
+        op: Op[T],
+        decide: Callable[[Identity, T], Decision],
+        outcome: T | Exception | None,
+        started: float,
+    ) -> Decision:
+        """The decision on what the store answered (or raised, or None: was not asked)."""
+        watchers = WATCHERS.decisions
+        if outcome is None:
+            decision = self._degraded(identity, None)
+        elif isinstance(outcome, Exception):
+            if watchers:
+                store_failed(watchers, self, op, outcome)
+            decision = self._degraded(identity, outcome)
+        else:
+            self._healthy()
+            decision = decide(identity, outcome)
+        if watchers and started:
+            decided(watchers, self, op, decision, perf_counter() - started)
+        return decision
 
     def _healthy(self) -> None:
         recovered = self.health.succeeded()
@@ -538,20 +566,27 @@ def _rate(rate: float | str | None | Unset) -> float | None | Unset:
     return value
 
 
+def checked_overrides(
+    *,
+    limit: float | str | None | Unset = UNSET,
+    rate: float | str | None | Unset = UNSET,
+    capacity: float | None | Unset = UNSET,
+) -> Configure:
+    """A ``Configure`` of live overrides, each checked as ``set_limit``/``set_bucket`` check it,
+    with no key yet (``tokenfuse.admin`` sets it: it may know a key by its store key only)."""
+    ceiling = limit if isinstance(limit, Unset) else _limit(limit)
+    return Configure("", limit=ceiling, rate=_rate(rate), capacity=_capacity(capacity))
+
+
 def _capacity(capacity: float | None | Unset) -> float | None | Unset:
     if isinstance(capacity, (int, float)) and not 0 < capacity < float("inf"):
         raise ConfigurationError("bucket capacity must be a positive number")
     return capacity
 
 
-_default: Fuse | None = None
-_default_lock = threading.Lock()
-
-
 def default_fuse() -> Fuse:
-    """The process-wide fuse that argument-less transports use (embedded store)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Fuse()
-        return _default
+    """The process-wide fuse that argument-less transports use: the embedded store, or what
+    the ``TOKENFUSE_*`` environment or ``tokenfuse.configure`` set (``_settings``)."""
+    from ._settings import default_fuses
+
+    return default_fuses()[0]

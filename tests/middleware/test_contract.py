@@ -166,7 +166,7 @@ def test_shadow_mode_decides_and_reports_but_never_refuses(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("tokenfuse._middleware.throttle.monotonic", lambda: 1000.0)  # log throttle
+    monkeypatch.setattr("tokenfuse._throttle.monotonic", lambda: 1000.0)  # log throttle
     fuse = make_fuse()
     call = serve(fuse=fuse, shadow=True)
     burst(call, 50)

@@ -18,7 +18,19 @@ from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
 from .._events import logger
-from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, RecordBatch, Reset, Unset
+from .ops import (
+    Admit,
+    Configure,
+    Gate,
+    KeyPage,
+    ListKeys,
+    Op,
+    ReadStatus,
+    Record,
+    RecordBatch,
+    Reset,
+    Unset,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -210,6 +222,19 @@ class MemoryStore:
             entry = _Entry()
         return status_of(op.key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
 
+    def _list(self, op: ListKeys, now: float) -> KeyPage:
+        # In key order, so that a page starts after the previous page's last key.
+        keys = sorted(k for k in self._entries if k.startswith(op.key) and k > op.cursor)
+        count = max(op.count, 1)
+        statuses = []
+        for key in keys[:count]:
+            entry = self._entries[key]
+            if entry.expires > now:
+                statuses.append(
+                    status_of(key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
+                )
+        return KeyPage(statuses, keys[count - 1] if len(keys) > count else "")
+
     def _reset(self, op: Reset, now: float) -> None:
         entry = self._entries.get(op.key)
         if entry is not None and entry.velocity is not None:
@@ -240,6 +265,7 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     RecordBatch: MemoryStore._record_batch,
     Admit: MemoryStore._admit,
     ReadStatus: MemoryStore._status,
+    ListKeys: MemoryStore._list,
     Reset: MemoryStore._reset,
     Configure: MemoryStore._configure,
 }

@@ -5,7 +5,8 @@ needs travels in the value, and each store says in one place how it runs it (``M
 applies the pure core, ``RedisStore`` encodes the value for its script and decodes the reply).
 ``Op[R]`` carries the type of the result, so ``store.run(Gate(key))`` is a ``VelocityVerdict``.
 
-``key`` is already storage-safe (``Fuse`` hashes identities and adds its name).
+``key`` is already storage-safe (``Fuse`` hashes identities and adds its name). One operation
+is about many keys: ``ListKeys``, whose ``key`` is the start that their keys share.
 
 >>> MemoryStore().run(Record("default:agent-42", 1_200.0, VelocityPolicy())).rate  # doctest: +SKIP
 1200.0
@@ -13,7 +14,7 @@ applies the pure core, ``RedisStore`` encodes the value for its script and decod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
@@ -26,6 +27,8 @@ __all__ = [
     "Admit",
     "Configure",
     "Gate",
+    "KeyPage",
+    "ListKeys",
     "Op",
     "ReadStatus",
     "Record",
@@ -139,3 +142,31 @@ class Configure(Op[None]):
     limit: float | None | Unset = UNSET
     capacity: float | None | Unset = UNSET
     rate: float | None | Unset = UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPage:
+    """One page of ``ListKeys``: each key's status (its ``key`` the storage key) and where
+    the next page starts (``""``: this was the last)."""
+
+    statuses: list[Status] = field(default_factory=list)
+    cursor: str = ""
+
+
+@dataclass(slots=True)
+class ListKeys(Op[KeyPage]):
+    """The status of the keys starting with ``key`` (a fuse's ``"name:"``, maybe with the
+    start of a key id after it), a page of about ``count`` at a time, in no useful order.
+
+    Read-only and made for operators, not the hot path: nothing is indexed for it, so it walks
+    the store (``SCAN`` on every primary of a Redis Cluster). A key created or removed while
+    the pages are walked may be listed or not, and Redis may list a key on two pages.
+    """
+
+    name: ClassVar[str] = "list"
+    key: str
+    velocity: VelocityPolicy
+    bucket: BucketPolicy | None
+    cursor: str = ""
+    """Where to go on: ``""`` for the first page, else the previous page's ``cursor``."""
+    count: int = 500

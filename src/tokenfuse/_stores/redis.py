@@ -6,6 +6,9 @@ needs no lock, pipeline or retry loop. ``redis_codec`` says how each operation b
 script's arguments and how its reply becomes the result; ``run`` and ``arun`` differ only in
 awaiting the script call.
 
+``ListKeys``, the one operation about many keys, is no script: it walks the keyspace with
+``SCAN`` (``redis_listing``).
+
 **State.** All of an identity's state, live overrides included, is one packed string with a
 TTL, ``<prefix>:{<key>}``, read and written once per decision: every process sees an override
 with its next decision, in the same round trip. The layout is in ``redis_codec``, the reasons
@@ -29,13 +32,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.exceptions import NoScriptError
 
 from .._errors import ConfigurationError
+from . import redis_listing
 from .open_keys import OpenKeys
-from .ops import Gate, Op
+from .ops import Gate, ListKeys, Op
 from .redis_clients import (
     REDIS_ERRORS,
     AsyncClient,
@@ -177,6 +181,11 @@ class RedisStore:
 
     def run(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs a sync client."""
+        if type(op) is ListKeys:  # many keys, no script (``redis_listing``)
+            client = self._clients.sync_client()
+            with _Unavailable(op.name):
+                page = redis_listing.run_sync(client, op, self.prefix, self._now())
+            return cast(R, page)
         key, known = self._known(op)
         if known is not None:
             return known
@@ -187,6 +196,11 @@ class RedisStore:
 
     async def arun(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
+        if type(op) is ListKeys:
+            client = self._clients.async_client()
+            with _Unavailable(op.name):
+                page = await redis_listing.run_async(client, op, self.prefix, self._now())
+            return cast(R, page)
         key, known = self._known(op)
         if known is not None:
             return known
@@ -240,6 +254,9 @@ class RedisStore:
     def _args(self, op: Op[Any]) -> Args:
         now = "" if self.clock is None else repr(float(self.clock()))
         return CODECS[type(op)].args(op, now, self._ttl_ms)
+
+    def _now(self) -> float | None:
+        return None if self.clock is None else float(self.clock())
 
     def _result(self, op: Op[R], key: str, reply: Any) -> R:
         result: R = CODECS[type(op)].result(op, reply)

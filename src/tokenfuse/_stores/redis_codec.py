@@ -29,6 +29,7 @@ __all__ = [
     "Codec",
     "bucket_state",
     "key_of",
+    "states_of",
     "velocity_state",
 ]
 
@@ -91,6 +92,19 @@ def bucket_state(
     state.capacity_override = capacity_override
     state.rate_override = rate_override
     return state
+
+
+def states_of(raw: bytes) -> tuple[VelocityState | None, BucketState | None]:
+    """The core's state objects from an identity's whole string (a raw ``GET``); a string
+    of no known length (not tokenfuse's) reads as no state."""
+    velocity = bucket = None
+    if len(raw) in (VELOCITY_BLOCK.size, VELOCITY_BLOCK.size + BUCKET_BLOCK.size):
+        numbers = VELOCITY_BLOCK.unpack_from(raw)
+        velocity = velocity_state(numbers[:-1], numbers[-1])
+    if len(raw) in (BUCKET_BLOCK.size, VELOCITY_BLOCK.size + BUCKET_BLOCK.size):
+        numbers = BUCKET_BLOCK.unpack_from(raw, len(raw) - BUCKET_BLOCK.size)
+        bucket = bucket_state(numbers[:-2], *numbers[-2:])
+    return velocity, bucket
 
 
 # -- arguments ------------------------------------------------------------------------------------

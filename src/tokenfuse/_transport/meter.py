@@ -18,6 +18,7 @@ from typing import Any
 from .._events import logger
 from .._fuse import Decision, Fuse
 from .._identity import Identity
+from .._observe import WATCHERS, call_facts, metered
 from .._usage import (
     ExtractorRegistry,
     ResponseHead,
@@ -148,6 +149,8 @@ class Meter:
             usage = with_input(usage, sent_body(self._request))
         report.usage = usage
         account(metering.fuse, self.identity, usage, estimating=metering.estimate)
+        if usage is not None and usage.known and WATCHERS.usage:  # metrics, when observed
+            metered(WATCHERS.usage, self.identity, usage, call_facts(self._request))
         total = usage.total if usage is not None else None
         return total if total is not None and total > 0 else None
 

@@ -2,8 +2,9 @@
 
 One call goes through five steps, each in one place: **identify** the key it spends for
 (``identity.KeyResolver``), **gate** it (``Fuse.gate``; a refusal raises before a byte leaves
-the process, ``refusal.raise_if_refused``), **send** it (the inner transport; an OpenAI-style
-stream is asked for its usage on the way, ``usage_option``), **meter** the response
+the process, or in shadow mode is only logged: ``refusal.Gatekeeper``), **send** it (the inner
+transport; an OpenAI-style stream is asked for its usage on the way, ``usage_option``),
+**meter** the response
 (``meter.Metering``: the usage side picks its reader, the report goes in its extensions) and
 **settle** the usage (``_settle``: the amount is recorded once the body is read, at once or when
 a stream ends or closes; or handed to a ``Recorder``, ``record="background"``). So a call costs
@@ -33,7 +34,7 @@ from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .meter import Meter, Metering
 from .recorder import Recorder
-from .refusal import raise_if_refused
+from .refusal import Gatekeeper
 from .stream import (
     aread_head,
     async_replayed_type,
@@ -150,6 +151,9 @@ class FuseTransport(_SyncBase):
         record: ``"inline"`` records each call's usage before its response is handed over;
             ``"background"`` hands it over at once and records in batches off the caller's
             path (``recorder``: one round trip per batch, flushed on ``close()``).
+        shadow: decide, count and report, but never refuse: a call the gate would refuse is
+            sent anyway and logged (at most a line a second), as the middleware's shadow mode
+            does. Default: ``TOKENFUSE_SHADOW`` (off).
 
     Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``); the
     report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
@@ -165,10 +169,12 @@ class FuseTransport(_SyncBase):
         estimate: bool = True,
         inject_usage: bool = True,
         record: RecordMode = "inline",
+        shadow: bool | None = None,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
+        self._gate = Gatekeeper(shadow)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -190,7 +196,7 @@ class FuseTransport(_SyncBase):
         flavor = flavor_of(request)
         identity = self._identify(request)
         gate = self.fuse.gate(identity)
-        raise_if_refused(gate, request)
+        self._gate.check(gate, request)
         response, sent = self._send(flavor, request)
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
@@ -273,10 +279,12 @@ class AsyncFuseTransport(_AsyncBase):
         estimate: bool = True,
         inject_usage: bool = True,
         record: RecordMode = "inline",
+        shadow: bool | None = None,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
+        self._gate = Gatekeeper(shadow)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -297,7 +305,7 @@ class AsyncFuseTransport(_AsyncBase):
         flavor = flavor_of(request)
         identity = self._identify(request)
         gate = await self.fuse.agate(identity)
-        raise_if_refused(gate, request)
+        self._gate.check(gate, request)
         response, sent = await self._send(flavor, request)
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
