@@ -145,6 +145,7 @@ def _diurnal(t: float) -> float:
 # call's own draw (mean CALL_MEAN), both heavy-tailed.
 CALL_MEAN = 4_000.0
 CALL_SIGMA = 1.0
+CALL_MAX = 200_000.0  # a call cannot send more than the model's context window
 SESSION_SIGMA = 0.7
 TURNS_MEAN = 8.0  # turns per session (geometric)
 CALLS_PER_TURN = 4.0  # LLM calls per agent turn (geometric)
@@ -168,7 +169,8 @@ def _session(rng: random.Random, start: float) -> Iterator[tuple[float, float]]:
         for _ in range(_geometric(rng, CALLS_PER_TURN)):
             fan_out = rng.randint(2, 5) if rng.random() < FAN_OUT else 1
             for _ in range(fan_out):
-                yield t + rng.uniform(0, 0.5), scale * _lognormal(rng, CALL_MEAN, CALL_SIGMA)
+                amount = min(scale * _lognormal(rng, CALL_MEAN, CALL_SIGMA), CALL_MAX)
+                yield t + rng.uniform(0, 0.5), amount
             t += _lognormal(rng, 8.0, 0.6)  # the call's latency before the next one
         t += _lognormal(rng, 60.0, 1.0)  # think time
 
