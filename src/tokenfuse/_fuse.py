@@ -40,11 +40,6 @@ Who = str | Identity
 
 _DEFAULT_VELOCITY = VelocityPolicy()
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_REFUSALS: dict[str, type[FuseTripped]] = {
-    "loop_suspected": LoopSuspected,
-    "manual_ceiling": CeilingExceeded,
-    "cold_start_ceiling": CeilingExceeded,
-}
 
 
 # Not frozen: built on every guarded call, and frozen dataclasses pay a setattr per field.
@@ -365,7 +360,8 @@ class Fuse:
 
     def _velocity_error(self, identity: Identity, verdict: VelocityVerdict) -> FuseTripped:
         reason = verdict.reason or "manual_ceiling"
-        return _REFUSALS.get(reason, CeilingExceeded)(
+        refusal = LoopSuspected if reason.startswith("loop_") else CeilingExceeded
+        return refusal(
             key=identity.label,
             rate=verdict.rate,
             limit=verdict.limit if verdict.limit is not None else 0.0,
@@ -374,6 +370,7 @@ class Fuse:
             retry_after=max(verdict.retry_after, 0.0),
             unit=self._velocity_for_reads.unit,
             reason=reason,
+            window=verdict.window,
         )
 
     def _admit_decision(self, identity: Identity, verdict: AdmitVerdict) -> Decision:

@@ -329,7 +329,7 @@ async def test_every_write_sets_the_ttl(redis_backend: Backend) -> None:
     assert raw.pttl(redis_backend.key("a")) > 10_000
     # one string per identity: velocity block (352 bytes) and/or bucket block (64 bytes)
     sizes = [raw.strlen(redis_backend.key(key)) for key in ("r", "a", "c", "b")]
-    assert sizes == [352, 416, 416, 64]
+    assert sizes == [696, 760, 760, 64]
 
 
 async def test_scripts_are_reloaded_after_script_flush(redis_backend: Backend) -> None:
@@ -372,7 +372,7 @@ async def test_state_size_is_constant_whatever_the_traffic(
             size.append(raw.memory_usage(name) or 0)
         sizes.append(size)
     assert sizes[0] == sizes[1]
-    assert sizes[0][:2] == [b"string", (43 + 1 + 6 + 2) * 8]
+    assert sizes[0][:2] == [b"string", (86 + 1 + 6 + 2) * 8]
     if redis_backend.kind != "fakeredis":
         assert sizes[0][-1] < 2048
 

@@ -30,7 +30,7 @@ def store_of(fuse: Fuse) -> RedisStore:
 
 
 def train(fuse: Fuse, clock: Clock) -> None:
-    for _ in range(6):
+    for _ in range(14):  # a minute is learned once it leaves the 10-minute window
         fuse.record("agent-1", 1_000)
         clock.advance(60)
 

@@ -8,20 +8,20 @@ pipeline or retry loop.
 ``<prefix>:{<key>}`` (the hash tag picks its cluster slot), holding all of its state as
 little-endian packed doubles::
 
-    velocity block  VelocityState (43 doubles), then limit_override      352 bytes
+    velocity block  VelocityState (86 doubles), then limit_override      696 bytes
     bucket block    BucketState (6 doubles), then capacity_override and  64 bytes
                     rate_override
 
 Each block is there only when the identity has that state, in this order, so the string is
-352, 64 or 416 bytes long and its length says which blocks it holds; an override of -1 means
+696, 64 or 760 bytes long and its length says which blocks it holds; an override of -1 means
 none. The field order is in ``redis_codec`` (and ``lua/_lib.lua``); ``redis_codec.read_state``
 turns a raw ``GET`` back into the core's state objects. A decision is ``TIME``, ``GET`` and
 one ``SET ... PX ttl`` inside one script: each command a script calls costs a few
 microseconds of fixed overhead on the server, more than the command itself, so everything an
 identity has sits in one value written with its TTL in one call. Packed doubles are exact and
 cost one C call each way in Lua, where separate text fields would cost a string and a
-conversion apiece. The size is fixed whatever the traffic (about 500 bytes of
-``MEMORY USAGE`` per identity), and every operation that writes refreshes the TTL (``ttl``,
+conversion apiece. The size is fixed whatever the traffic (under 1 KB of ``MEMORY USAGE``
+per identity), and every operation that writes refreshes the TTL (``ttl``,
 default 14 days). The overrides sit in the same value, so every process reads them with its
 next decision, in the same round trip; set them with ``configure`` (a raw ``redis-cli HSET``
 no longer can).

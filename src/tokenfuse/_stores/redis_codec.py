@@ -16,7 +16,15 @@ from typing import Any
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
-from .._core.velocity import REASON_CODES, SLOTS, VelocityPolicy, VelocityState, VelocityVerdict
+from .._core.velocity import (
+    LONG_SLOTS,
+    PROFILE_WORDS,
+    REASON_CODES,
+    SLOTS,
+    VelocityPolicy,
+    VelocityState,
+    VelocityVerdict,
+)
 from .._errors import ConfigurationError
 from . import base
 from .base import KeyStatus, Unset
@@ -39,19 +47,29 @@ __all__ = [
 ]
 
 #: The blocks of an identity's string (``_lib.lua``): little-endian doubles in this order. The
-#: velocity block goes on with ``amounts[0..12]``, ``largest[0..12]`` and ``limit_override``
-#: (44 doubles in all); the bucket block with ``capacity_override`` and ``rate_override`` (8).
+#: velocity block goes on with its rings (``VELOCITY_RINGS``) and ``limit_override`` (87
+#: doubles, 696 bytes, in all); the bucket block with ``capacity_override`` and
+#: ``rate_override`` (8 doubles, 64 bytes).
 VELOCITY_LAYOUT = (
-    "first_seen", "head", "minute", "minute_amount", "pending_minute", "pending_amount",
-    "baseline", "weight", "samples", "learned_at", "open_until", "strikes", "last_trip",
-    "trip_reason", "trip_rate", "trip_limit", "trip_baseline",
+    "first_seen", "open_until", "head", "minute_head", "baseline", "calls", "weight", "samples",
+    "learned_at", "discard_through", "strikes", "last_trip", "trip_reason", "trip_rate",
+    "trip_limit", "trip_baseline", "trip_window", "early_level", "early_at", "early_since",
+    "early_amount", "excused_slot", "excused_amount",
+)  # fmt: skip
+VELOCITY_RINGS = (
+    ("amounts", SLOTS), ("largest", SLOTS), ("minute_amounts", LONG_SLOTS),
+    ("minute_largest", LONG_SLOTS), ("minute_calls", LONG_SLOTS), ("profile", PROFILE_WORDS),
 )  # fmt: skip
 BUCKET_LAYOUT = ("tokens", "updated", "use_minute", "use_amount", "hot_since", "alerted")
-VELOCITY_BLOCK = struct.Struct("<" + "d" * (len(VELOCITY_LAYOUT) + 2 * SLOTS + 1))
+VELOCITY_BLOCK = struct.Struct(
+    "<" + "d" * (len(VELOCITY_LAYOUT) + sum(size for _, size in VELOCITY_RINGS) + 1)
+)
 BUCKET_BLOCK = struct.Struct("<" + "d" * (len(BUCKET_LAYOUT) + 2))
-_VELOCITY_POLICY = struct.Struct("<10d")
+_VELOCITY_POLICY = struct.Struct("<16d")
 _BUCKET_POLICY = struct.Struct("<4d")
-_V_INTS = frozenset({"head", "minute", "pending_minute", "samples", "strikes", "trip_reason"})
+_V_INTS = frozenset(
+    {"head", "minute_head", "samples", "discard_through", "strikes", "trip_reason", "excused_slot"}
+)
 _B_INTS = frozenset({"use_minute", "hot_since"})
 
 
@@ -85,7 +103,13 @@ def _velocity_policy(policy: VelocityPolicy) -> bytes:
         policy.learning_period,
         policy.min_samples,
         _none_as_minus_one(policy.cold_start_limit),
+        _none_as_minus_one(policy.cold_start_sustained),
         policy.half_life,
+        policy.sustained_multiple,
+        policy.sustained_baseline_multiple,
+        _none_as_minus_one(policy.early_threshold),
+        _none_as_minus_one(policy.ceiling_multiple),
+        policy.learn_clip,
         policy.cooldown,
         policy.cooldown_max,
         policy.escalation_window,
@@ -150,7 +174,7 @@ def _maybe(text: bytes | str) -> float | None:
 
 
 def _velocity_verdict(fields: Sequence[Any]) -> VelocityVerdict:
-    allowed, tripped, reason, rate, limit, baseline, multiple, retry_after = fields
+    allowed, tripped, reason, rate, limit, baseline, multiple, retry_after, window = fields
     return VelocityVerdict(
         allowed=int(allowed) == 1,
         tripped=int(tripped) == 1,
@@ -160,6 +184,7 @@ def _velocity_verdict(fields: Sequence[Any]) -> VelocityVerdict:
         baseline=_maybe(baseline),
         multiple=_maybe(multiple),
         retry_after=float(retry_after),
+        window=_maybe(window),
     )
 
 
@@ -186,8 +211,8 @@ def admit_verdict(reply: bytes | str) -> AdmitVerdict:
     fields = reply.split()
     return AdmitVerdict(
         allowed=int(fields[0]) == 1,
-        velocity=None if int(fields[1]) < 0 else _velocity_verdict(fields[1:9]),
-        bucket=None if int(fields[9]) < 0 else _bucket_verdict(fields[9:15]),
+        velocity=None if int(fields[1]) < 0 else _velocity_verdict(fields[1:10]),
+        bucket=None if int(fields[10]) < 0 else _bucket_verdict(fields[10:16]),
     )
 
 
@@ -210,13 +235,15 @@ def read_state(blob: bytes | None) -> tuple[VelocityState | None, BucketState | 
 
 
 def velocity_state(numbers: Sequence[float], limit_override: float = -1.0) -> VelocityState:
-    """The core's state object from the velocity block's doubles (``VELOCITY_LAYOUT``)."""
+    """The core's state object from the velocity block's doubles (``VELOCITY_LAYOUT``, then
+    ``VELOCITY_RINGS``)."""
     state = VelocityState(first_seen=numbers[0])
-    scalars = len(VELOCITY_LAYOUT)
-    for name, value in zip(VELOCITY_LAYOUT[1:], numbers[1:scalars], strict=True):
+    at = len(VELOCITY_LAYOUT)
+    for name, value in zip(VELOCITY_LAYOUT[1:], numbers[1:at], strict=True):
         setattr(state, name, int(value) if name in _V_INTS else value)
-    state.amounts = list(numbers[scalars : scalars + SLOTS])
-    state.largest = list(numbers[scalars + SLOTS : scalars + 2 * SLOTS])
+    for name, size in VELOCITY_RINGS:
+        setattr(state, name, list(numbers[at : at + size]))
+        at += size
     state.limit_override = limit_override
     return state
 
