@@ -14,30 +14,29 @@ limit headers, and each uses memory or Redis storage:
   default strategy).
 
 Two reference rows time what no Redis-backed limiter can go below on this machine: a
-``redis.asyncio`` PING, and the ``RedisStore.aadmit`` call the middleware makes.
+``redis.asyncio`` PING, and the ``RedisStore.arun(Admit(...))`` call the middleware makes.
 
-Cases run interleaved in rounds so that machine noise hits them all alike. The figures that
-matter are the p50 *added* to the bare endpoint and the ratio between the limiters.
+Every case first warms up on its own, then all take turns request by request so that machine
+noise hits them alike. The figures that matter are the p50 *added* to the bare endpoint and
+the ratio between the limiters.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import statistics
-import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from harness import delete_keys, interleave, options, percentile, unique_prefix
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from tokenfuse import BucketPolicy, Identity, MemoryStore, StoreUnavailable
+from tokenfuse import BucketPolicy, Identity, MemoryStore
 from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, inbound_fuse
+from tokenfuse._stores.ops import Admit
 from tokenfuse._stores.redis import RedisStore
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -60,7 +59,7 @@ def with_tokenfuse(store: Any) -> Starlette:
     return Starlette(routes=[Route("/tool", tool, methods=["POST"])], middleware=middleware)
 
 
-def with_slowapi(storage_uri: str) -> Starlette:
+def with_slowapi(storage_uri: str, prefix: str) -> Starlette:
     from slowapi import Limiter
     from slowapi.middleware import SlowAPIASGIMiddleware
 
@@ -72,7 +71,7 @@ def with_slowapi(storage_uri: str) -> Starlette:
         default_limits=[LIMIT],
         headers_enabled=True,
         storage_uri=storage_uri,
-        key_prefix=f"bench-{uuid.uuid4().hex[:8]}",
+        key_prefix=prefix,
     )
     app = Starlette(
         routes=[Route("/tool", tool, methods=["POST"])],
@@ -82,7 +81,7 @@ def with_slowapi(storage_uri: str) -> Starlette:
     return app
 
 
-async def one_request(app: App) -> int:
+async def one_request(app: App) -> None:
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -108,87 +107,56 @@ async def one_request(app: App) -> int:
             status = message["status"]
 
     await app(scope, receive, send)
-    return status
+    if status != 200:
+        raise RuntimeError(f"benchmark request answered {status}")
 
 
-async def sample(app: App, requests: int) -> list[float]:
-    times = []
-    for _ in range(requests):
-        start = time.perf_counter_ns()
-        status = await one_request(app)
-        times.append((time.perf_counter_ns() - start) / 1000)
-        if status != 200:
-            raise RuntimeError(f"benchmark request answered {status}")
-    return times
+REFERENCES = ("redis.asyncio PING", "RedisStore.arun(Admit)")
 
 
-async def sample_call(call: Callable[[], Awaitable[object]], requests: int) -> list[float]:
-    times = []
-    for _ in range(requests):
-        start = time.perf_counter_ns()
-        try:
-            await call()
-        except StoreUnavailable:  # e.g. a SCRIPT FLUSH by someone else on a shared server
-            continue
-        times.append((time.perf_counter_ns() - start) / 1000)
-    return times
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100)[q - 1]
-
-
-async def run(redis_url: str, requests: int, rounds: int) -> None:
-    prefix = f"bench-mw-{uuid.uuid4().hex[:8]}"
+async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
+    prefix = unique_prefix("mw")
     redis_store = RedisStore.from_url(redis_url, prefix=prefix)
-    cases: dict[str, Any] = {
+    apps = {
         "bare Starlette endpoint": bare(),
         "TokenFuse (MemoryStore)": with_tokenfuse(MemoryStore()),
         "TokenFuse (RedisStore)": with_tokenfuse(redis_store),
-        "slowapi (memory)": with_slowapi("memory://"),
-        "slowapi (redis)": with_slowapi(redis_url),
+        "slowapi (memory)": with_slowapi("memory://", prefix),
+        "slowapi (redis)": with_slowapi(redis_url, prefix),
     }
-    import redis
     import redis.asyncio
 
     ping_client = redis.asyncio.Redis.from_url(redis_url)
     who = Identity.secret(TOKEN.decode())
     references: dict[str, Callable[[], Awaitable[object]]] = {
-        "redis.asyncio PING": ping_client.ping,
-        "RedisStore.aadmit": lambda: redis_store.aadmit(
-            f"inbound:{who.key}", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET
+        REFERENCES[0]: ping_client.ping,
+        REFERENCES[1]: lambda: redis_store.arun(
+            Admit(f"inbound:{who.key}", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
         ),
     }
-    times: dict[str, list[float]] = {name: [] for name in [*cases, *references]}
-    for app in cases.values():  # warm up: imports, script loading, connections
-        await sample(app, 200)
-    for call in references.values():
-        await sample_call(call, 200)
-    for _ in range(rounds):
-        for name, app in cases.items():
-            times[name] += await sample(app, requests)
-        for name, call in references.items():
-            times[name] += await sample_call(call, requests)
-    await redis_store.aclose()
-    await ping_client.aclose()
+    cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}
+    try:
+        return await interleave({**cases, **references}, requests)
+    finally:
+        await redis_store.aclose()
+        await ping_client.aclose()
+        delete_keys(redis_url, f"{prefix}:*")
+        delete_keys(redis_url, f"LIMITS:*{prefix}*")
 
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
-    base = pct(times["bare Starlette endpoint"], 50)
-    print(f"{rounds} rounds x {requests} requests per case, microseconds per request\n")
+def report(times: dict[str, list[float]]) -> None:
+    base = percentile(times["bare Starlette endpoint"], 50)
+    requests = len(times["bare Starlette endpoint"])
+    print(f"{requests} requests per case, taking turns, microseconds per request\n")
     print(f"{'case':28s} {'p50':>8s} {'p99':>8s} {'added p50':>10s}")
     added: dict[str, float] = {}
     for name, values in times.items():
-        p50 = pct(values, 50)
+        p50 = percentile(values, 50)
         added[name] = p50 - base
-        extra = "" if name.startswith("bare") or name in references else f"{added[name]:10.1f}"
-        if name in references:
+        extra = "" if name.startswith("bare") or name in REFERENCES else f"{added[name]:10.1f}"
+        if name in REFERENCES:
             name = f"(ref) {name}"
-        print(f"{name:28s} {p50:8.1f} {pct(values, 99):8.1f} {extra}")
+        print(f"{name:28s} {p50:8.1f} {percentile(values, 99):8.1f} {extra}")
     print()
     for store in ("memory", "redis"):
         ours = added["TokenFuse (MemoryStore)" if store == "memory" else "TokenFuse (RedisStore)"]
@@ -203,12 +171,11 @@ async def run(redis_url: str, requests: int, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
-    parser.add_argument("--requests", type=int, default=2000)
+    parser = options(__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000, help="per case and round")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    asyncio.run(run(args.redis, args.requests, args.rounds))
+    report(asyncio.run(measure(args.redis, args.requests * args.rounds)))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@
 A local OpenAI-compatible stub (uvicorn, in its own process so it does not share our GIL)
 answers ``POST /v1/chat/completions`` with a JSON body, or with a 2,000-chunk SSE stream.
 The same request goes through an unguarded ``httpx.Client`` and through ``FuseTransport`` on
-``MemoryStore`` and on ``RedisStore``, interleaved call by call so that machine noise hits every
-case alike. Reported: the latency percentiles of each case and what the guard adds to them
-(guarded minus unguarded, same percentile), and the streaming throughput as a ratio.
+``MemoryStore`` and on ``RedisStore``, each warmed up, then taking turns call by call so that
+machine noise hits every case alike. Reported: the latency percentiles of each case and what
+the guard adds to them (guarded minus unguarded, same percentile), and the streaming
+throughput as a ratio.
 
     python benchmarks/bench_transport.py --in-process [--rounds 30]
 
@@ -20,17 +21,17 @@ difference of the fastest rounds.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import socket
-import statistics
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+from harness import delete_keys, interleave, median, options, percentile, unique_prefix
 
 from tokenfuse import Fuse, MemoryStore, VelocityPolicy
 from tokenfuse._transport import FuseTransport
@@ -109,14 +110,16 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
 # -- measuring ------------------------------------------------------------------------------------
 
 
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+def chat(client: httpx.Client, url: str) -> None:
+    """One chat completion, its JSON body read to the end."""
+    client.post(url, content=b'{"model": "stub"}').read()
 
 
-def timed(call: Callable[[], object]) -> float:
-    start = time.perf_counter_ns()
-    call()
-    return (time.perf_counter_ns() - start) / 1e6  # ms
+def chat_stream(client: httpx.Client, url: str) -> None:
+    """One streamed chat completion, read chunk by chunk to the end."""
+    with client.stream("POST", url, content=b'{"stream": true}') as response:
+        for _ in response.iter_bytes():
+            pass
 
 
 class _Events(httpx.SyncByteStream):
@@ -141,40 +144,100 @@ def in_process(rounds: int) -> None:
     }
     url = "http://127.0.0.1:8000/v1/chat/completions"
 
-    def call(client: httpx.Client) -> None:
-        client.post(url, content=b'{"model": "stub"}').read()
-
-    def stream(client: httpx.Client) -> None:
-        with client.stream("POST", url, content=b'{"stream": true}') as response:
-            for _ in response.iter_bytes():
-                pass
-
-    cases = {"JSON call": (call, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (stream, 3)}
+    cases = {"JSON call": (chat, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (chat_stream, 3)}
     print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us)\n")
     print("| body | unguarded | guarded | added (median of rounds) | added (fastest rounds) |")
     print("|---|---:|---:|---:|---:|")
     for name, (run, batch) in cases.items():
-        for client in clients.values():  # warm up
-            for _ in range(batch * 5):
-                run(client)
-        times: dict[str, list[float]] = {case: [] for case in clients}
-        for _ in range(rounds):
-            for case, client in clients.items():
-                start = time.perf_counter_ns()
-                for _ in range(batch):
-                    run(client)
-                times[case].append((time.perf_counter_ns() - start) / batch / 1e3)
-        plain, guard = times["unguarded"], times["guarded"]
-        added = statistics.median(g - p for g, p in zip(guard, plain, strict=True))
+
+        def batch_of(client: httpx.Client, run: Any = run, batch: int = batch) -> None:
+            for _ in range(batch):
+                run(client, url)
+
+        batches = {case: (lambda c=client: batch_of(c)) for case, client in clients.items()}
+        times = asyncio.run(interleave(batches, rounds, warmup=5))
+        plain = [us / batch for us in times["unguarded"]]
+        guard = [us / batch for us in times["guarded"]]
+        added = median([g - p for g, p in zip(guard, plain, strict=True)])
         print(
-            f"| {name} | {statistics.median(plain):,.1f} | {statistics.median(guard):,.1f} "
+            f"| {name} | {median(plain):,.1f} | {median(guard):,.1f} "
             f"| {added:+,.1f} | {min(guard) - min(plain):+,.1f} |"
         )
 
 
+def guarded_clients(redis_url: str, fuse_name: str) -> dict[str, httpx.Client]:
+    """An unguarded client, then one guarded on each store (Redis left out if unreachable)."""
+    clients: dict[str, httpx.Client] = {"unguarded": httpx.Client(headers=HEADERS)}
+    memory = Fuse(MemoryStore(), velocity=POLICY)
+    clients["MemoryStore"] = httpx.Client(headers=HEADERS, transport=FuseTransport(fuse=memory))
+    try:
+        from tokenfuse._stores.redis import RedisStore
+
+        redis_fuse = Fuse(RedisStore.from_url(redis_url), velocity=POLICY, name=fuse_name)
+        redis_fuse.gate("probe")
+        if redis_fuse.gate("probe").degraded:
+            raise ConnectionError(f"no Redis at {redis_url}")
+        clients["RedisStore"] = httpx.Client(
+            headers=HEADERS, transport=FuseTransport(fuse=redis_fuse)
+        )
+    except Exception as exc:  # report the other rows anyway
+        print(f"(RedisStore rows skipped: {exc})")
+    return clients
+
+
+def over_the_network(redis_url: str, calls: int, streams: int) -> None:
+    process, url = start_server()
+    fuse_name = unique_prefix("transport")
+    clients = guarded_clients(redis_url, fuse_name)
+
+    try:
+        latency = asyncio.run(
+            interleave({case: (lambda c=c: chat(c, url)) for case, c in clients.items()}, calls)
+        )
+        stream_us = asyncio.run(
+            interleave(
+                {case: (lambda c=c: chat_stream(c, url)) for case, c in clients.items()},
+                streams,
+                warmup=1,
+            )
+        )
+    finally:
+        process.terminate()
+        process.wait()
+        if "RedisStore" in clients:
+            delete_keys(redis_url, f"tokenfuse:{{{fuse_name}:*")
+    report_latency({case: [us / 1000 for us in values] for case, values in latency.items()})
+    report_throughput(
+        {case: [STREAM_CHUNKS / us * 1e6 for us in values] for case, values in stream_us.items()}
+    )
+
+
+def report_latency(latency: dict[str, list[float]]) -> None:
+    base = latency["unguarded"]
+    print(f"\nnon-streaming chat completion, {len(base)} calls per case (ms)\n")
+    print("| case | p50 | p99 | added p50 | added p99 |")
+    print("|---|---:|---:|---:|---:|")
+    for case, values in latency.items():
+        p50, p99 = percentile(values, 50), percentile(values, 99)
+        added = ""
+        if case != "unguarded":
+            added = f"{p50 - percentile(base, 50):+.3f} | {p99 - percentile(base, 99):+.3f}"
+        print(f"| {case} | {p50:.3f} | {p99:.3f} | {added or ' | '} |")
+
+
+def report_throughput(throughput: dict[str, list[float]]) -> None:
+    plain = median(throughput["unguarded"])
+    streams = len(throughput["unguarded"])
+    print(f"\n{STREAM_CHUNKS}-chunk SSE stream, {streams} streams per case (chunks/s)\n")
+    print("| case | median chunks/s | vs unguarded |")
+    print("|---|---:|---:|")
+    for case, values in throughput.items():
+        chunks = median(values)
+        print(f"| {case} | {chunks:,.0f} | {chunks / plain:.2f}x |")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
+    parser = options(__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2_000)
     parser.add_argument("--streams", type=int, default=30)
     parser.add_argument("--in-process", action="store_true")
@@ -183,80 +246,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
-        return
-    if args.in_process:
+    elif args.in_process:
         in_process(args.rounds)
-        return
-
-    process, url = start_server()
-    clients: dict[str, httpx.Client] = {"unguarded": httpx.Client(headers=HEADERS)}
-    memory = Fuse(MemoryStore(), velocity=POLICY)
-    clients["MemoryStore"] = httpx.Client(headers=HEADERS, transport=FuseTransport(fuse=memory))
-    try:
-        from tokenfuse._stores.redis import RedisStore
-
-        store = RedisStore.from_url(args.redis)
-        redis_fuse = Fuse(store, velocity=POLICY, name=f"bench-{uuid.uuid4().hex[:8]}")
-        redis_fuse.gate("probe")
-        if redis_fuse.gate("probe").degraded:
-            raise ConnectionError(f"no Redis at {args.redis}")
-        clients["RedisStore"] = httpx.Client(
-            headers=HEADERS, transport=FuseTransport(fuse=redis_fuse)
-        )
-    except Exception as exc:  # report the other rows anyway
-        print(f"(RedisStore rows skipped: {exc})")
-
-    def call(client: httpx.Client) -> Callable[[], object]:
-        return lambda: client.post(url, content=b'{"model": "stub"}').content
-
-    def stream(client: httpx.Client) -> Callable[[], object]:
-        def read() -> None:
-            with client.stream("POST", url, content=b'{"stream": true}') as response:
-                for _ in response.iter_bytes():
-                    pass
-
-        return read
-
-    try:
-        for client in clients.values():  # warm up connections, imports, caches
-            for _ in range(200):
-                call(client)()
-            stream(client)()
-        latency: dict[str, list[float]] = {name: [] for name in clients}
-        for _ in range(args.calls):
-            for name, client in clients.items():
-                latency[name].append(timed(call(client)))
-        throughput: dict[str, list[float]] = {name: [] for name in clients}
-        for _ in range(args.streams):
-            for name, client in clients.items():
-                throughput[name].append(STREAM_CHUNKS / timed(stream(client)) * 1000)
-    finally:
-        process.terminate()
-        process.wait()
-
-    base = latency["unguarded"]
-    print(f"\nnon-streaming chat completion, {args.calls} calls per case (ms)\n")
-    print("| case | p50 | p99 | added p50 | added p99 |")
-    print("|---|---:|---:|---:|---:|")
-    for name, values in latency.items():
-        added = (
-            ("", "")
-            if name == "unguarded"
-            else (
-                f"{pct(values, 50) - pct(base, 50):+.3f}",
-                f"{pct(values, 99) - pct(base, 99):+.3f}",
-            )
-        )
-        print(
-            f"| {name} | {pct(values, 50):.3f} | {pct(values, 99):.3f} | {added[0]} | {added[1]} |"
-        )
-    plain = statistics.median(throughput["unguarded"])
-    print(f"\n{STREAM_CHUNKS}-chunk SSE stream, {args.streams} streams per case (chunks/s)\n")
-    print("| case | median chunks/s | vs unguarded |")
-    print("|---|---:|---:|")
-    for name, values in throughput.items():
-        median = statistics.median(values)
-        print(f"| {name} | {median:,.0f} | {median / plain:.2f}x |")
+    else:
+        over_the_network(args.redis, args.calls, args.streams)
 
 
 if __name__ == "__main__":

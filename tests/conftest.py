@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pytest
@@ -51,6 +53,21 @@ def redis_url() -> str:
             pytest.fail(f"no Redis answers at {REDIS_URL}; .ci/run should have started one")
         pytest.skip(f"no Redis answers at {REDIS_URL}")
     return REDIS_URL
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of the test's own on the shared Redis; its keys are deleted afterwards."""
+    redis = pytest.importorskip("redis")
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@
     python examples/fastapi_app/agent.py --seconds 3 --url http://127.0.0.1:8001
 
 Within a second its bucket is empty (429 quota_exhausted: it may go on at the refill rate);
-after 60 calls in a minute the velocity ceiling latches it out for 60 s (429 manual_ceiling).
+after 60 calls in a minute the velocity ceiling latches it out for 60 s (429 manual_ceiling;
+120 s when it trips again within the hour, as a rerun does).
 It prints the first call of each outcome per tool, the first refusal of each type in full
 (headers and JSON body), a line per second, and a summary. Standard library only.
 """

@@ -6,8 +6,9 @@
 Every caller (``Authorization: Bearer <key>``) gets the FREE tier: a bucket of 50 that refills
 at 10 calls/s; a refund costs 5 of it. On top, the velocity check counts calls per minute and
 a ceiling of 60 calls/min ("this agent cannot make more than 60 tool calls a minute,
-period") latches a runaway caller out for 60 s. ``/health`` is not guarded.
-Run ``python examples/fastapi_app/agent.py`` against it to watch a looping agent get 429s.
+period") latches a runaway caller out for 60 s, doubling for each further trip within the
+hour. ``/health`` is not guarded. Run ``python examples/fastapi_app/agent.py`` against it to
+watch a looping agent get 429s; README.md says how to start over.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
     TOKENFUSE_REDIS_URL=redis://localhost:6379/0 python examples/flask_app/app.py
 
 Same containment: the FREE tier per caller (a bucket of 50 refilled at 10 calls/s; a refund
-costs 5), a ceiling of 60 calls/min that latches a runaway caller out for 60 s, ``/health``
-not guarded. Run ``python examples/flask_app/agent.py`` to watch a looping agent get 429s.
-With ``TOKENFUSE_REDIS_URL`` this app and the FastAPI example share their callers' buckets.
+costs 5), a ceiling of 60 calls/min that latches a runaway caller out for 60 s (doubling for
+each further trip within the hour), ``/health`` not guarded. Run
+``python examples/flask_app/agent.py`` to watch a looping agent get 429s. With
+``TOKENFUSE_REDIS_URL`` this app and the FastAPI example share their callers' buckets.
 """
 
 from __future__ import annotations

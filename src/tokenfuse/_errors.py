@@ -119,8 +119,16 @@ class FuseTripped(TokenFuseError):
         }
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Keyword-only __init__ needs help to survive pickling (multiprocessing, Celery).
-        return (_rebuild, (type(self), self.__dict__.copy()))
+        return reduce_as(self, type(self))
+
+
+def reduce_as(error: FuseTripped, kind: type[FuseTripped]) -> tuple[object, ...]:
+    """``error.__reduce__()`` that unpickles as a ``kind``.
+
+    A keyword-only ``__init__`` needs help to survive pickling (multiprocessing, Celery); a
+    refusal class made at run time (the transport's, for the SDKs) pickles as its plain one.
+    """
+    return (_rebuild, (kind, error.__dict__.copy()))
 
 
 def _rebuild(cls: type[FuseTripped], state: dict[str, object]) -> FuseTripped:

@@ -1,9 +1,10 @@
 """``Fuse``: the one facade the transport and the middleware share.
 
-It turns identities into storage-safe keys, runs each decision in the store (one round trip),
-turns verdicts into typed refusals, reports events, and fails open when the store is down.
-Sync methods are plain (``record``), async ones carry an ``a`` prefix (``arecord``); both go
-through the same verdict handling, and only the store call itself differs.
+It turns identities into storage-safe keys, builds each step's store operation (``_stores.ops``)
+and runs it in the store (one round trip), turns verdicts into typed refusals, reports events,
+and fails open when the store is down. Sync methods are plain (``record``), async ones carry
+an ``a`` prefix (``arecord``); both build the same operation and go through the same verdict
+handling, and only the store call itself differs (``run`` or ``arun``).
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from ._core.admission import AdmitVerdict
 from ._core.bucket import BucketPolicy, BucketVerdict
 from ._core.rates import per_minute, per_second
+from ._core.status import Status
 from ._core.velocity import VelocityPolicy, VelocityVerdict
 from ._errors import (
     CeilingExceeded,
@@ -30,8 +32,9 @@ from ._errors import (
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
-from ._stores.base import UNSET, AsyncStore, KeyStatus, SyncStore, Unset, async_face, sync_face
+from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
+from ._stores.ops import UNSET, Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
 
 __all__ = ["Decision", "Fuse", "Status", "default_fuse"]
 
@@ -66,23 +69,6 @@ class Decision:
     def raise_if_refused(self) -> None:
         if self.error is not None and not self.allowed:
             raise self.error
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """What a fuse knows about one key right now (``Fuse.status``)."""
-
-    key: str
-    rate: float
-    baseline: float | None  # None until established
-    learned_baseline: float
-    samples: int
-    established: bool
-    open_until: float | None  # store clock (epoch seconds) while the key is open
-    limit: float | None  # manual ceiling in force (live override or code)
-    bucket_level: float | None
-    bucket_capacity: float | None
-    bucket_rate: float | None
 
 
 class Fuse:
@@ -137,35 +123,27 @@ class Fuse:
         self.hooks.add(hook)
         return hook
 
-    # -- the steps ----------------------------------------------------------------------------
+    # -- the steps: each builds its operation and runs it in the store ------------------------
 
     def gate(self, who: Who) -> Decision:
         """Before a call: refuse at once if the key is open. Spends nothing."""
         identity = Identity.of(who)
-        return self._run(identity, lambda s, k: s.gate(k), self._velocity_decision)
+        return self._decide(identity, Gate(self._key(identity)), self._velocity_decision)
 
     async def agate(self, who: Who) -> Decision:
         identity = Identity.of(who)
-        return await self._arun(identity, lambda s, k: s.agate(k), self._velocity_decision)
+        return await self._adecide(identity, Gate(self._key(identity)), self._velocity_decision)
 
     def record(self, who: Who, amount: float) -> Decision:
         """After a call: add what it spent; the verdict may open the key for the next call."""
         identity = Identity.of(who)
-        policy = self._require_velocity()
-        if not _countable(amount):
-            return Decision(key=identity.label, allowed=True)
-        return self._run(
-            identity, lambda s, k: s.record(k, amount, policy), self._velocity_decision
-        )
+        op = self._record_op(identity, amount)
+        return self._decide(identity, op, self._velocity_decision)
 
     async def arecord(self, who: Who, amount: float) -> Decision:
         identity = Identity.of(who)
-        policy = self._require_velocity()
-        if not _countable(amount):
-            return Decision(key=identity.label, allowed=True)
-        return await self._arun(
-            identity, lambda s, k: s.arecord(k, amount, policy), self._velocity_decision
-        )
+        op = self._record_op(identity, amount)
+        return await self._adecide(identity, op, self._velocity_decision)
 
     def admit(
         self,
@@ -182,13 +160,8 @@ class Fuse:
         bucket policy for this call (a caller's tier); a live override still wins over both.
         """
         identity = Identity.of(who)
-        cost, amount = _admission_numbers(cost, amount)
-        velocity, bucket = self.velocity, bucket or self.bucket
-        return self._run(
-            identity,
-            lambda s, k: s.admit(k, cost=cost, amount=amount, velocity=velocity, bucket=bucket),
-            self._admit_decision,
-        )
+        op = self._admit_op(identity, cost, amount, bucket)
+        return self._decide(identity, op, self._admit_decision)
 
     async def aadmit(
         self,
@@ -199,43 +172,34 @@ class Fuse:
         bucket: BucketPolicy | None = None,
     ) -> Decision:
         identity = Identity.of(who)
-        cost, amount = _admission_numbers(cost, amount)
-        velocity, bucket = self.velocity, bucket or self.bucket
-        return await self._arun(
-            identity,
-            lambda s, k: s.aadmit(k, cost=cost, amount=amount, velocity=velocity, bucket=bucket),
-            self._admit_decision,
-        )
+        op = self._admit_op(identity, cost, amount, bucket)
+        return await self._adecide(identity, op, self._admit_decision)
 
-    # -- inspection and live control ------------------------------------------------------------
+    # -- inspection and live control: the store's errors reach the caller ----------------------
 
     def status(self, who: Who) -> Status:
         """The key's rate, baseline, latch and bucket, read without changing anything."""
         identity = Identity.of(who)
-        status = self._sync().status(self._key(identity), self._velocity_for_reads, self.bucket)
-        return _status(identity, status)
+        return replace(self._sync().run(self._status_op(identity)), key=identity.label)
 
     async def astatus(self, who: Who) -> Status:
         identity = Identity.of(who)
-        status = await self._async().astatus(
-            self._key(identity), self._velocity_for_reads, self.bucket
-        )
-        return _status(identity, status)
+        return replace(await self._async().arun(self._status_op(identity)), key=identity.label)
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
-        self._sync().reset(self._key(Identity.of(who)))
+        self._sync().run(Reset(self._key(Identity.of(who))))
 
     async def areset(self, who: Who) -> None:
-        await self._async().areset(self._key(Identity.of(who)))
+        await self._async().arun(Reset(self._key(Identity.of(who))))
 
     def set_limit(self, who: Who, limit: float | str | None) -> None:
         """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
         process sharing the store: it is read with the key's state on its next decision."""
-        self._sync().configure(self._key(Identity.of(who)), limit=_limit(limit))
+        self._sync().run(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
 
     async def aset_limit(self, who: Who, limit: float | str | None) -> None:
-        await self._async().aconfigure(self._key(Identity.of(who)), limit=_limit(limit))
+        await self._async().arun(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
 
     def set_bucket(
         self,
@@ -245,9 +209,7 @@ class Fuse:
         capacity: float | None | Unset = UNSET,
     ) -> None:
         """Change one caller's bucket live (None restores the policy's value)."""
-        self._sync().configure(
-            self._key(Identity.of(who)), rate=_rate(rate), capacity=_capacity(capacity)
-        )
+        self._sync().run(self._bucket_op(who, rate, capacity))
 
     async def aset_bucket(
         self,
@@ -256,19 +218,37 @@ class Fuse:
         rate: float | str | None | Unset = UNSET,
         capacity: float | None | Unset = UNSET,
     ) -> None:
-        await self._async().aconfigure(
-            self._key(Identity.of(who)), rate=_rate(rate), capacity=_capacity(capacity)
-        )
+        await self._async().arun(self._bucket_op(who, rate, capacity))
 
-    # -- machinery --------------------------------------------------------------------------------
+    # -- the operations ---------------------------------------------------------------------------
 
     def _key(self, identity: Identity) -> str:
         return f"{self.name}:{identity.key}"
 
-    def _require_velocity(self) -> VelocityPolicy:
+    def _record_op(self, identity: Identity, amount: float) -> Record | None:
+        """None when there is nothing to record (the amount is not spending)."""
         if self.velocity is None:
             raise ConfigurationError("this fuse has no velocity policy to record against")
-        return self.velocity
+        if not _countable(amount):
+            return None
+        return Record(self._key(identity), amount, self.velocity)
+
+    def _admit_op(
+        self, identity: Identity, cost: float, amount: float, bucket: BucketPolicy | None
+    ) -> Admit:
+        cost, amount = _admission_numbers(cost, amount)
+        return Admit(self._key(identity), cost, amount, self.velocity, bucket or self.bucket)
+
+    def _status_op(self, identity: Identity) -> ReadStatus:
+        return ReadStatus(self._key(identity), self._velocity_for_reads, self.bucket)
+
+    def _bucket_op(
+        self, who: Who, rate: float | str | None | Unset, capacity: float | None | Unset
+    ) -> Configure:
+        key = self._key(Identity.of(who))
+        return Configure(key, rate=_rate(rate), capacity=_capacity(capacity))
+
+    # -- running them ---------------------------------------------------------------------------
 
     def _sync(self) -> SyncStore:
         if self._sync_store is None:
@@ -294,33 +274,34 @@ class Fuse:
         """Whether the a-prefixed methods can reach the store."""
         return self._async_store is not None
 
-    def _run(
-        self,
-        identity: Identity,
-        call: Callable[[SyncStore, str], T],
-        decide: Callable[[Identity, T], Decision],
+    def _decide(
+        self, identity: Identity, op: Op[T] | None, decide: Callable[[Identity, T], Decision]
     ) -> Decision:
+        """Run ``op`` (None: nothing to ask) and decide on its verdict; fail open if the store
+        fails (or closed, if so configured)."""
+        if op is None:
+            return Decision(key=identity.label, allowed=True)
         store = self._sync()
         if not self.health.available():
             return self._degraded(identity, None)
         try:
-            verdict = call(store, self._key(identity))
+            verdict = store.run(op)
         except Exception as exc:
             return self._degraded(identity, exc)
         self._healthy()
         return decide(identity, verdict)
 
-    async def _arun(
-        self,
-        identity: Identity,
-        call: Callable[[AsyncStore, str], Awaitable[T]],
-        decide: Callable[[Identity, T], Decision],
+    async def _adecide(
+        self, identity: Identity, op: Op[T] | None, decide: Callable[[Identity, T], Decision]
     ) -> Decision:
+        """``_decide`` for asyncio code: the same steps, awaiting the store."""
+        if op is None:
+            return Decision(key=identity.label, allowed=True)
         store = self._async()
         if not self.health.available():
             return self._degraded(identity, None)
         try:
-            verdict = await call(store, self._key(identity))
+            verdict = await store.arun(op)
         except Exception as exc:
             return self._degraded(identity, exc)
         self._healthy()
@@ -444,23 +425,6 @@ def _capacity(capacity: float | None | Unset) -> float | None | Unset:
     if isinstance(capacity, (int, float)) and not 0 < capacity < float("inf"):
         raise ConfigurationError("bucket capacity must be a positive number")
     return capacity
-
-
-def _status(identity: Identity, status: KeyStatus) -> Status:
-    view = status.velocity
-    return Status(
-        key=identity.label,
-        rate=view.rate if view else 0.0,
-        baseline=view.baseline if view else None,
-        learned_baseline=view.learned_baseline if view else 0.0,
-        samples=view.samples if view else 0,
-        established=view.established if view else False,
-        open_until=view.open_until if view else None,
-        limit=view.limit if view else None,
-        bucket_level=status.bucket_level,
-        bucket_capacity=status.bucket_capacity,
-        bucket_rate=status.bucket_rate,
-    )
 
 
 _default: Fuse | None = None

@@ -14,6 +14,11 @@ __all__ = ["StoreHealth"]
 
 
 class StoreHealth:
+    """How a ``Fuse`` backs off a failing store (``Fuse(health=...)``).
+
+    >>> health = StoreHealth(threshold=5, backoff_max=10.0)
+    """
+
     def __init__(
         self,
         *,
@@ -31,10 +36,6 @@ class StoreHealth:
         self._failures = 0
         self._skip_until = 0.0
         self._next_log = 0.0
-
-    @property
-    def failing(self) -> bool:
-        return self._failures > 0
 
     def available(self) -> bool:
         """False while the store is being skipped after repeated failures."""

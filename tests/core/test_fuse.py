@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+from typing import TypeVar
 
 import pytest
 
@@ -15,12 +16,15 @@ from tokenfuse import (
     Identity,
     LoopSuspected,
     MemoryStore,
+    Status,
     StoreUnavailable,
     VelocityPolicy,
 )
-from tokenfuse._core.velocity import VelocityVerdict
 from tokenfuse._health import StoreHealth
 from tokenfuse._stores.memory import MemoryStore as _Memory
+from tokenfuse._stores.ops import Op
+
+R = TypeVar("R")
 
 
 class FlakyStore(_Memory):
@@ -31,17 +35,11 @@ class FlakyStore(_Memory):
         self.down = False
         self.calls = 0
 
-    def gate(self, key: str) -> VelocityVerdict:
+    def run(self, op: Op[R]) -> R:
         self.calls += 1
         if self.down:
             raise StoreUnavailable("connection refused")
-        return super().gate(key)
-
-    def record(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        self.calls += 1
-        if self.down:
-            raise StoreUnavailable("connection refused")
-        return super().record(key, amount, velocity)
+        return super().run(op)
 
 
 def test_trip_event_reaches_hooks_and_log(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
@@ -56,6 +54,20 @@ def test_trip_event_reaches_hooks_and_log(clock: Clock, caplog: pytest.LogCaptur
     assert isinstance(events[0].error, Exception)
     assert "sk-…1234" in caplog.text
     assert "SECRETSECRET" not in caplog.text
+
+
+def test_status_names_the_key_by_its_label(clock: Clock) -> None:
+    fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=100, cooldown=60))
+    secret = Identity.secret("sk-proj-SECRETSECRET1234")
+    assert fuse.status(secret) == Status(key="sk-…1234")  # never seen: the defaults
+    assert fuse.record(secret, 500).tripped
+    assert fuse.status(secret) == Status(
+        key="sk-…1234",
+        rate=500.0,
+        open_until=clock.now + 60,
+        limit=100.0,
+        first_seen=clock.now,
+    )
 
 
 def test_raw_secret_never_reaches_the_store(clock: Clock) -> None:

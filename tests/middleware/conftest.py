@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from functools import partial
@@ -35,3 +36,18 @@ def make_fuse(store: MemoryStore) -> Callable[..., Fuse]:
         return inbound_fuse(store, bucket=bucket, velocity=velocity, **options)
 
     return make
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A Redis key prefix of this test's own; its keys are deleted afterwards (never FLUSHDB)."""
+    redis = pytest.importorskip("redis")
+    name = f"tf-mw-{uuid.uuid4().hex[:12]}"
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

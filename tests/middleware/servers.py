@@ -21,6 +21,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: this one's, minus any ``TOKENFUSE_*`` setting (a
+    caller's ``TOKENFUSE_REDIS_URL`` must not move an example onto Redis), plus ``env``."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("TOKENFUSE_")}
+    return {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), 0.2):
@@ -33,12 +40,13 @@ def _answers(port: int) -> bool:
 def running(
     args: list[str], port: int, env: Mapping[str, str] | None = None, timeout: float = 20.0
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python <args>`` until the block ends; only this process is ever signalled."""
+    """Run ``python <args>`` with ``child_env(env)`` until the block ends; only this process
+    is ever signalled."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     process = subprocess.Popen(
         [sys.executable, *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env=child_env(env),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -12,6 +12,7 @@ from tests.conftest import Clock
 from tokenfuse import ConfigurationError, Fuse, MemoryStore, default_fuse
 from tokenfuse._middleware import (
     DECISION_KEY,
+    InboundOptions,
     TokenFuse,
     TokenFuseWSGI,
     default_inbound_fuse,
@@ -222,35 +223,34 @@ class SyncOnlyStore:
             raise AttributeError(name)
         return getattr(self._inner, name)
 
-    def gate(self, *a: Any, **k: Any) -> Any:
-        return self._inner.gate(*a, **k)
+    def run(self, op: Any) -> Any:
+        return self._inner.run(op)
 
-    def record(self, *a: Any, **k: Any) -> Any:
-        return self._inner.record(*a, **k)
 
-    def admit(self, *a: Any, **k: Any) -> Any:
-        return self._inner.admit(*a, **k)
+class AsyncOnlyStore:
+    """Only the async face of a store (like a RedisStore built on an asyncio client)."""
 
-    def status(self, *a: Any, **k: Any) -> Any:
-        return self._inner.status(*a, **k)
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
 
-    def reset(self, *a: Any, **k: Any) -> Any:
-        return self._inner.reset(*a, **k)
-
-    def configure(self, *a: Any, **k: Any) -> Any:
-        return self._inner.configure(*a, **k)
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("a"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 def test_each_middleware_checks_its_store_has_the_face_it_needs() -> None:
-    fuse = Fuse(SyncOnlyStore())
-
-    with pytest.raises(ConfigurationError, match="async face"):
-        TokenFuse(streaming_app, fuse=fuse)
+    sync_only, async_only = Fuse(SyncOnlyStore()), Fuse(AsyncOnlyStore())
 
     def wsgi(environ: Any, start_response: Any) -> list[bytes]:
         return []
 
-    assert TokenFuseWSGI(wsgi, fuse=fuse).guard.fuse is fuse
+    with pytest.raises(ConfigurationError, match=r"async face; .* is sync-only .*TokenFuseWSGI"):
+        TokenFuse(streaming_app, fuse=sync_only)
+    with pytest.raises(ConfigurationError, match=r"sync face; .* is async-only .*TokenFuse for"):
+        TokenFuseWSGI(wsgi, fuse=async_only)
+    assert TokenFuseWSGI(wsgi, fuse=sync_only).guard.fuse is sync_only
+    assert TokenFuse(streaming_app, fuse=async_only).guard.fuse is async_only
 
 
 def test_options_are_keyword_only_typed_and_the_same_for_both_protocols() -> None:
@@ -267,3 +267,17 @@ def test_options_are_keyword_only_typed_and_the_same_for_both_protocols() -> Non
     assert [(p.name, p.annotation, p.default) for p in options] == [
         (p.name, p.annotation, p.default) for name, p in wsgi.items() if name not in ("self", "app")
     ]
+    # ... and they are InboundOptions, the one place the options are declared.
+    declared = inspect.signature(InboundOptions).parameters.values()
+    assert [(p.name, p.default) for p in options] == [(p.name, p.default) for p in declared]
+
+
+def test_a_middleware_never_renders_its_options() -> None:
+    """``tiers`` may be keyed by raw credentials: the repr must not show them."""
+    from tokenfuse import GROWTH
+
+    secret = "sk-live-0123456789abcdef"
+    middleware = TokenFuse(streaming_app, fuse=inbound_fuse(MemoryStore()), tiers={secret: GROWTH})
+
+    assert secret not in repr(middleware)
+    assert secret not in repr(InboundOptions(tiers={secret: GROWTH}))

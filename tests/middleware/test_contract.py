@@ -163,7 +163,7 @@ def test_shadow_mode_decides_and_reports_but_never_refuses(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("tokenfuse._middleware.policy.monotonic", lambda: 1000.0)  # log throttle
+    monkeypatch.setattr("tokenfuse._middleware.guard.monotonic", lambda: 1000.0)  # log throttle
     call = serve(fuse=make_fuse(), shadow=True)
     burst(call, 50)
 

@@ -1,5 +1,6 @@
 """The examples run as documented: real servers (uvicorn, Flask's) on free loopback ports, the
-agent script against them. Every process started here is stopped by its own PID."""
+agent script against them. Every process started here is stopped by its own PID, and sees no
+``TOKENFUSE_*`` variable of the caller's environment: each test sets what it means."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from tests.middleware.servers import ROOT, free_port, running
+from tests.middleware.servers import ROOT, child_env, free_port, running
 
 EXAMPLES = {
     "fastapi": ("examples/fastapi_app/app.py", "examples/fastapi_app/agent.py"),
@@ -42,7 +41,7 @@ def agent(name: str, port: int, seconds: float) -> str:
     done = subprocess.run(
         [sys.executable, EXAMPLES[name][1], "--url", f"http://127.0.0.1:{port}",
          "--seconds", str(seconds)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout
 
@@ -65,26 +64,10 @@ def test_the_example_serves_and_the_agent_sees_429s(name: str) -> None:
     assert "summary of" in output
 
 
-@pytest.fixture
-def example_prefix(redis_url: str) -> Iterator[str]:
-    redis = pytest.importorskip("redis")
-    name = f"tf-mw-example-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
-
-
 @pytest.mark.slow
 @pytest.mark.redis
-def test_both_examples_on_one_redis_contain_an_agent_together(
-    redis_url: str, example_prefix: str
-) -> None:
-    env = {"TOKENFUSE_REDIS_URL": redis_url, "TOKENFUSE_REDIS_PREFIX": example_prefix}
+def test_both_examples_on_one_redis_contain_an_agent_together(redis_url: str, prefix: str) -> None:
+    env = {"TOKENFUSE_REDIS_URL": redis_url, "TOKENFUSE_REDIS_PREFIX": prefix}
     fastapi_port, flask_port = free_port(), free_port()
 
     with (

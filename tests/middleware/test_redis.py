@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,20 +19,6 @@ pytestmark = pytest.mark.redis
 redis = pytest.importorskip("redis")
 
 AUTH = {"Authorization": "Bearer sk-test-redis-0001"}
-
-
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test's own; its keys are deleted afterwards (never FLUSHDB)."""
-    name = f"tf-mw-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 def test_burst_and_refill_on_redis(

@@ -21,16 +21,12 @@ class DeadStore:
     def __init__(self) -> None:
         self.calls = 0
 
-    def _fail(self, *args: Any, **kwargs: Any) -> NoReturn:
+    def run(self, op: Any) -> NoReturn:
         self.calls += 1
         raise StoreUnavailable("connection refused")
 
-    gate = record = admit = status = reset = configure = _fail
-
-    async def _afail(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._fail()
-
-    agate = arecord = aadmit = astatus = areset = aconfigure = _afail
+    async def arun(self, op: Any) -> NoReturn:
+        self.run(op)
 
 
 def header_cost(request: RequestView) -> float:

@@ -1,16 +1,22 @@
 """Store backends under test: one table, each driven through its sync or its asyncio face.
 
-Tests ``await backend.record(...)`` whatever the backend; for an async face that awaits the
-store's ``arecord``, so the async path really runs (the plain method is never called).
-Redis backends use a prefix of their own and delete only their own keys afterwards.
+Tests ``await backend.run(Record(...))`` whatever the backend; for an async face that awaits
+the store's ``arun``, so the async path really runs (``run`` is never called).
+Redis backends use a prefix of their own and delete only their own keys afterwards; a test
+that must do what no one may do to a shared server (stop it, flush its scripts) runs on a
+redis-server of its own (``own_redis``).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import fakeredis
 import pytest
@@ -21,8 +27,17 @@ from tests.conftest import Clock
 from tokenfuse import MemoryStore
 from tokenfuse._core.bucket import BucketState
 from tokenfuse._core.velocity import VelocityState
+from tokenfuse._stores.ops import Op
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_codec import key_of, read_state
+from tokenfuse._stores.redis_codec import (
+    BUCKET_BLOCK,
+    VELOCITY_BLOCK,
+    bucket_state,
+    key_of,
+    velocity_state,
+)
+
+R = TypeVar("R")
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -31,6 +46,56 @@ BACKENDS = [
     pytest.param("fakeredis", id="fakeredis"),
 ]
 REDIS_BACKENDS = BACKENDS[1:]
+
+
+class OwnRedis:
+    """A redis-server this test owns: started on ``port``, stopped by its PID."""
+
+    def __init__(self, port: int, workdir: Path) -> None:
+        self.port = port
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # waiting for a server to boot, not for timing
+            try:
+                with redis.Redis(port=self.port, socket_connect_timeout=0.2) as probe:
+                    probe.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture
+def own_redis(free_port: int, tmp_path: Path) -> Iterator[OwnRedis]:
+    """A redis-server of this test's own on a free port, stopped (by PID) afterwards."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server on PATH to start a server of the test's own")
+    server = OwnRedis(free_port, tmp_path)
+    server.start()
+    yield server
+    server.stop()
 
 
 def unique_prefix() -> str:
@@ -42,6 +107,21 @@ def delete_prefix(client: redis.Redis, prefix: str) -> None:
     keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
     if keys:
         client.delete(*keys)
+
+
+def read_state(blob: bytes | None) -> tuple[VelocityState | None, BucketState | None]:
+    """The core's state objects from an identity's string as stored (``redis_codec``'s
+    layout): the velocity block, if any, then the bucket block, if any; the length says which."""
+    if not blob:
+        return None, None
+    vstate = bstate = None
+    if len(blob) != BUCKET_BLOCK.size:
+        numbers = VELOCITY_BLOCK.unpack_from(blob)
+        vstate = velocity_state(numbers[:-1], numbers[-1])
+    if len(blob) != VELOCITY_BLOCK.size:
+        numbers = BUCKET_BLOCK.unpack_from(blob, len(blob) - BUCKET_BLOCK.size)
+        bstate = bucket_state(numbers[:-2], *numbers[-2:])
+    return vstate, bstate
 
 
 def read_states(
@@ -65,14 +145,11 @@ class Backend:
     make_twin: Callable[[], Any] | None = None
     closers: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
 
-    def __getattr__(self, op: str) -> Callable[..., Awaitable[Any]]:
-        method = getattr(self.store, f"a{op}" if self.is_async else op)
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            result = method(*args, **kwargs)
-            return await result if self.is_async else result
-
-        return call
+    async def run(self, op: Op[R]) -> R:
+        """Run ``op`` through the face under test: ``arun`` or ``run``."""
+        if self.is_async:
+            return await self.store.arun(op)  # type: ignore[no-any-return]
+        return self.store.run(op)  # type: ignore[no-any-return]
 
     def twin(self) -> Backend:
         """Another store on the same server and prefix: another process, as far as it knows."""
@@ -83,7 +160,10 @@ class Backend:
         return key_of(self.prefix, key)
 
 
-async def open_backend(kind: str, request: pytest.FixtureRequest, clock: Clock) -> Backend:
+async def open_backend(
+    kind: str, request: pytest.FixtureRequest, clock: Clock, url: str | None = None
+) -> Backend:
+    """A backend of ``kind``; Redis backends on ``url``, by default the shared test server."""
     prefix = unique_prefix()
     if kind == "memory":
         return Backend(kind, MemoryStore(clock=clock), False, clock)
@@ -95,7 +175,7 @@ async def open_backend(kind: str, request: pytest.FixtureRequest, clock: Clock) 
 
         raw = fakeredis.FakeRedis(server=server)
         return Backend(kind, fake(), False, clock, raw, prefix, fake)
-    url = request.getfixturevalue("redis_url")
+    url = url or request.getfixturevalue("redis_url")
     raw = redis.Redis.from_url(url)
     backend = Backend(kind, None, kind == "redis-async", clock, raw, prefix)
     backend.closers.append(raw.close)  # closers run last first: the stores' clients first

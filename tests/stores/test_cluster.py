@@ -17,6 +17,7 @@ from redis.crc import key_slot
 from tests.conftest import Clock
 from tests.stores.conftest import unique_prefix
 from tokenfuse import BucketPolicy, VelocityPolicy
+from tokenfuse._stores.ops import Admit, Configure, Gate, ReadStatus, Record, Reset
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_codec import key_of
 
@@ -58,25 +59,24 @@ def test_every_operation_on_every_node_sync(
     assert len(owners(cluster, prefix)) == 3  # the identities land on all three nodes
     store = RedisStore(cluster, prefix=prefix, clock=clock)
     for identity in IDENTITIES:
-        assert store.gate(identity).allowed
-        assert store.record(identity, 600, CEILING).allowed
-        assert store.record(identity, 600, CEILING).tripped
-        assert not store.gate(identity).allowed
-        store.configure(identity, limit=5000.0, capacity=3.0)
+        assert store.run(Gate(identity)).allowed
+        assert store.run(Record(identity, 600, CEILING)).allowed
+        assert store.run(Record(identity, 600, CEILING)).tripped
+        assert not store.run(Gate(identity)).allowed
+        store.run(Configure(identity, limit=5000.0, capacity=3.0))
         admitted = [
-            store.admit(identity, cost=1, amount=0, velocity=CEILING, bucket=BUCKET).allowed
+            store.run(Admit(identity, cost=1, amount=0, velocity=CEILING, bucket=BUCKET)).allowed
             for _ in range(4)
         ]
         assert admitted == [False] * 4  # the key is still open
-        store.reset(identity)
+        store.run(Reset(identity))
         admitted = [
-            store.admit(identity, cost=1, amount=1, velocity=CEILING, bucket=BUCKET).allowed
+            store.run(Admit(identity, cost=1, amount=1, velocity=CEILING, bucket=BUCKET)).allowed
             for _ in range(4)
         ]
         assert admitted == [True, True, True, False]  # capacity 3, set live
-        status = store.status(identity, CEILING, BUCKET)
-        assert status.velocity is not None
-        assert (status.velocity.rate, status.velocity.limit) == (3.0, 5000.0)
+        status = store.run(ReadStatus(identity, CEILING, BUCKET))
+        assert (status.rate, status.limit) == (3.0, 5000.0)
         assert (status.bucket_level, status.bucket_capacity) == (0.0, 3.0)
 
 
@@ -87,17 +87,17 @@ async def test_every_operation_on_every_node_async(
     store = RedisStore(client, prefix=prefix, clock=clock)
     try:
         for identity in IDENTITIES:
-            assert (await store.agate(identity)).allowed
-            assert (await store.arecord(identity, 600, CEILING)).allowed
-            assert (await store.arecord(identity, 600, CEILING)).tripped
-            await store.aconfigure(identity, capacity=1.0)
-            assert not (await store.aadmit(identity, cost=1, amount=1, velocity=CEILING,
-                                           bucket=BUCKET)).allowed  # fmt: skip
-            await store.areset(identity)
-            verdict = await store.aadmit(identity, cost=1, amount=1, velocity=CEILING,
-                                         bucket=BUCKET)  # fmt: skip
+            assert (await store.arun(Gate(identity))).allowed
+            assert (await store.arun(Record(identity, 600, CEILING))).allowed
+            assert (await store.arun(Record(identity, 600, CEILING))).tripped
+            await store.arun(Configure(identity, capacity=1.0))
+            assert not (await store.arun(Admit(identity, cost=1, amount=1, velocity=CEILING,
+                                           bucket=BUCKET))).allowed  # fmt: skip
+            await store.arun(Reset(identity))
+            verdict = await store.arun(Admit(identity, cost=1, amount=1, velocity=CEILING,
+                                         bucket=BUCKET))  # fmt: skip
             assert verdict.allowed
-            status = await store.astatus(identity, CEILING, BUCKET)
+            status = await store.arun(ReadStatus(identity, CEILING, BUCKET))
             assert (status.bucket_level, status.bucket_capacity) == (0.0, 1.0)
     finally:
         await client.aclose()
@@ -114,20 +114,20 @@ async def test_from_url_on_the_server_clock_both_faces(
     url_store: RedisStore, cluster: RedisCluster, prefix: str
 ) -> None:
     identity = IDENTITIES[0]
-    assert url_store.record(identity, 600, CEILING).allowed
-    trip = await url_store.arecord(identity, 600, CEILING)
+    assert url_store.run(Record(identity, 600, CEILING)).allowed
+    trip = await url_store.arun(Record(identity, 600, CEILING))
     assert trip.tripped and trip.retry_after == 30.0
-    assert 29 < url_store.gate(identity).retry_after <= 30  # the server's clock moved on
+    assert 29 < url_store.run(Gate(identity)).retry_after <= 30  # the server's clock moved on
     other = RedisStore(cluster, prefix=prefix)  # another process, another client
-    await url_store.aconfigure(IDENTITIES[1], limit=10.0)
-    assert other.record(IDENTITIES[1], 11, VelocityPolicy()).reason == "manual_ceiling"
+    await url_store.arun(Configure(IDENTITIES[1], limit=10.0))
+    assert other.run(Record(IDENTITIES[1], 11, VelocityPolicy())).reason == "manual_ceiling"
 
 
 def test_from_url_with_cluster_true(cluster_url: str, prefix: str, clock: Clock) -> None:
     store = RedisStore.from_url(cluster_url, cluster=True, prefix=prefix, clock=clock)
     try:
         for identity in IDENTITIES:
-            assert store.record(identity, 1500, CEILING).tripped
+            assert store.run(Record(identity, 1500, CEILING)).tripped
     finally:
         store.close()
 
@@ -137,6 +137,6 @@ def test_scripts_are_reloaded_on_every_node_after_script_flush(
 ) -> None:
     store = RedisStore(cluster, prefix=prefix, clock=clock)
     for identity in IDENTITIES:
-        store.record(identity, 600, CEILING)
+        store.run(Record(identity, 600, CEILING))
     cluster.script_flush()  # every primary forgets every script
-    assert all(store.record(identity, 600, CEILING).tripped for identity in IDENTITIES)
+    assert all(store.run(Record(identity, 600, CEILING)).tripped for identity in IDENTITIES)

@@ -11,6 +11,7 @@ import redis
 from tests.stores import workers
 from tests.stores.conftest import delete_prefix, read_states, unique_prefix
 from tokenfuse import BucketPolicy
+from tokenfuse._stores.ops import Admit
 from tokenfuse._stores.redis import RedisStore
 
 pytestmark = pytest.mark.redis
@@ -49,7 +50,7 @@ def test_processes_hammering_one_bucket_get_capacity_plus_refill(
         # it empty at t0, so while the workers hammer it never refills up to the cap, and
         # every token it gets back can be accounted for.
         store = RedisStore(client, prefix=prefix)
-        assert store.admit("k", cost=50, amount=0, velocity=None, bucket=bucket).allowed
+        assert store.run(Admit("k", cost=50, amount=0, velocity=None, bucket=bucket)).allowed
         [(_, drained)] = read_states(client, prefix, ["k"])
         go.set()
         counts = [results.get(timeout=60) for _ in jobs]

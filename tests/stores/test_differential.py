@@ -32,7 +32,16 @@ from tests.conftest import Clock
 from tests.stores.conftest import delete_prefix, read_states, unique_prefix
 from tokenfuse import BucketPolicy, MemoryStore, VelocityPolicy
 from tokenfuse._core.velocity import VelocityVerdict
-from tokenfuse._stores.base import UNSET
+from tokenfuse._stores.ops import (
+    UNSET,
+    Admit,
+    Configure,
+    Gate,
+    Op,
+    ReadStatus,
+    Record,
+    Reset,
+)
 from tokenfuse._stores.redis import RedisStore
 
 KEYS = ("alpha", "beta", "gamma")
@@ -184,21 +193,22 @@ def rule_scenarios(draw: st.DrawFn) -> Scenario:
     )
 
 
-def apply(store: Any, op: tuple[Any, ...], scenario: Scenario) -> Any:
-    kind, key, *args = op
+def operation(drawn: tuple[Any, ...], scenario: Scenario) -> Op[Any]:
+    """The store operation a drawn step stands for."""
+    kind, key, *args = drawn
     if kind == "record":
-        return store.record(key, args[0], scenario.velocity)
+        return Record(key, args[0], scenario.velocity)
     if kind == "gate":
-        return store.gate(key)
+        return Gate(key)
     if kind == "admit":
         cost, amount, with_velocity, with_bucket = args
         velocity = scenario.velocity if with_velocity else None
         bucket = scenario.bucket if with_bucket else None
-        return store.admit(key, cost=cost, amount=amount, velocity=velocity, bucket=bucket)
+        return Admit(key, cost=cost, amount=amount, velocity=velocity, bucket=bucket)
     if kind == "reset":
-        return store.reset(key)
+        return Reset(key)
     limit, capacity, rate = args
-    return store.configure(key, limit=limit, capacity=capacity, rate=rate)
+    return Configure(key, limit=limit, capacity=capacity, rate=rate)
 
 
 def label(verdict: Any) -> float:
@@ -226,25 +236,27 @@ def check(scenario: Scenario, client: redis.Redis) -> None:
     lua = RedisStore(client, prefix=prefix, clock=clock)
     keys = KEYS[: scenario.keys]
     try:
-        for step, (dt, op, retry) in enumerate(scenario.ops):
+        for step, (dt, drawn, retry) in enumerate(scenario.ops):
             clock.advance(dt)
-            expected = apply(memory, op, scenario)
-            assert apply(lua, op, scenario) == expected, f"verdict of step {step}: {op}"
+            op = operation(drawn, scenario)
+            expected = memory.run(op)
+            assert lua.run(op) == expected, f"verdict of step {step}: {op}"
             retry_after = label(expected)
             if retry and retry_after > 0:
                 # Exactly when told: the boundary of the latch and of the bucket's refill.
                 clock.advance(retry_after)
-                expected = apply(memory, op, scenario)
-                assert apply(lua, op, scenario) == expected, f"retry of step {step}: {op}"
+                expected = memory.run(op)
+                assert lua.run(op) == expected, f"retry of step {step}: {op}"
                 label(expected)
             entries = [memory._entries.get(key) for key in keys]
             states = [(e.velocity, e.bucket) if e else (None, None) for e in entries]
             assert read_states(client, prefix, keys) == states, f"state after step {step}: {op}"
         for key in keys:
-            status = memory.status(key, scenario.velocity, scenario.bucket)
-            assert lua.status(key, scenario.velocity, scenario.bucket) == status
-            if status.velocity is not None and status.velocity.samples:
-                event("learned minutes" if not status.velocity.established else "established")
+            read = ReadStatus(key, scenario.velocity, scenario.bucket)
+            status = memory.run(read)
+            assert lua.run(read) == status
+            if status.samples:
+                event("learned minutes" if not status.established else "established")
     finally:
         delete_prefix(client, prefix)
 

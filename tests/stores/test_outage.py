@@ -1,73 +1,20 @@
 """A real Redis that is not there, or goes away mid-test and comes back.
 
-Each test starts its own redis-server on a free loopback port and stops only that process,
+A server that goes away is one of the test's own (``own_redis``): it stops only that process,
 by PID.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Clock
+from tests.stores.conftest import OwnRedis
 from tokenfuse import Fuse, FuseEvent, StoreUnavailable, VelocityPolicy
 from tokenfuse._health import StoreHealth
 from tokenfuse._stores.redis import RedisStore
-
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-
-
-class OwnRedis:
-    """A redis-server this test owns: started on ``port``, stopped by its PID."""
-
-    def __init__(self, port: int, workdir: Path) -> None:
-        self.port = port
-        self.workdir = workdir
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        import redis
-
-        while time.monotonic() < deadline:  # waiting for a server to boot, not for timing
-            try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-
-
-@pytest.fixture
-def own_redis(free_port: int, tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(free_port, tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def make_fuse(url: str, clock: Clock, events: list[FuseEvent], **kwargs: object) -> Fuse:
@@ -83,13 +30,13 @@ def test_nothing_listening_fails_open_and_stops_asking(free_port: int, clock: Cl
     store = fuse.store
     assert isinstance(store, RedisStore)
     attempts = []
-    record = store.record
+    run = store.run
 
-    def counting_record(*args: Any, **kwargs: Any) -> Any:
-        attempts.append(1)
-        return record(*args, **kwargs)
+    def counting_run(op: Any) -> Any:
+        attempts.append(op)
+        return run(op)
 
-    store.record = counting_record  # type: ignore[method-assign]
+    store.run = counting_run  # type: ignore[method-assign]
     decisions = [fuse.record("k", 500) for _ in range(50)]
     assert all(d.allowed and d.degraded for d in decisions)
     assert [e.kind for e in events] == ["store_unavailable"]

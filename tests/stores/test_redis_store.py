@@ -17,6 +17,7 @@ from tests.conftest import Clock
 from tests.stores.conftest import delete_prefix, unique_prefix
 from tokenfuse import BucketPolicy, ConfigurationError, StoreUnavailable, VelocityPolicy
 from tokenfuse._stores.base import AsyncStore, Store, SyncStore
+from tokenfuse._stores.ops import Admit, Gate, ReadStatus, Record
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_clients import URL_DEFAULTS, _cluster_url
 from tokenfuse._stores.redis_scripts import script_sources, shake
@@ -52,23 +53,23 @@ def test_a_client_that_is_not_redis_is_refused() -> None:
 
 def test_an_empty_key_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="empty"):
-        RedisStore(fakeredis.FakeRedis()).gate("")
+        RedisStore(fakeredis.FakeRedis()).run(Gate(""))
 
 
 async def test_each_client_serves_its_own_face_only() -> None:
     sync_store = RedisStore(fakeredis.FakeRedis())
     with pytest.raises(ConfigurationError, match="sync client"):
-        await sync_store.agate("k")
+        await sync_store.arun(Gate("k"))
     async_store = RedisStore(fakeredis.FakeAsyncRedis())
     with pytest.raises(ConfigurationError, match="asyncio client"):
-        async_store.gate("k")
-    assert (await async_store.agate("k")).allowed
+        async_store.run(Gate("k"))
+    assert (await async_store.arun(Gate("k"))).allowed
 
 
 def test_an_unreachable_server_is_store_unavailable(free_port: int) -> None:
     store = RedisStore.from_url(f"redis://127.0.0.1:{free_port}/0")
     with pytest.raises(StoreUnavailable, match="redis record failed") as caught:
-        store.record("k", 1, POLICY)
+        store.run(Record("k", 1, POLICY))
     assert isinstance(caught.value.__cause__, redis.ConnectionError)
     store.close()
 
@@ -76,7 +77,7 @@ def test_an_unreachable_server_is_store_unavailable(free_port: int) -> None:
 async def test_an_unreachable_server_is_store_unavailable_async(free_port: int) -> None:
     store = RedisStore.from_url(f"redis://127.0.0.1:{free_port}/0")
     with pytest.raises(StoreUnavailable, match="redis admit failed") as caught:
-        await store.aadmit("k", cost=1, amount=1, velocity=POLICY, bucket=None)
+        await store.arun(Admit("k", cost=1, amount=1, velocity=POLICY, bucket=None))
     assert isinstance(caught.value.__cause__, redis.ConnectionError)
     await store.aclose()
 
@@ -91,7 +92,7 @@ def test_a_server_error_is_store_unavailable_too(foreign: Callable[[Any], object
     store = RedisStore(client, prefix="p")
     foreign(client)
     with pytest.raises(StoreUnavailable) as caught:
-        store.record("k", 1, POLICY)
+        store.run(Record("k", 1, POLICY))
     assert isinstance(caught.value.__cause__, redis.ResponseError)
 
 
@@ -125,10 +126,10 @@ async def test_from_url_serves_both_faces_on_one_state(redis_url: str, clock: Cl
     prefix = unique_prefix()
     store = RedisStore.from_url(redis_url, prefix=prefix, clock=clock)
     try:
-        assert store.record("k", 600, POLICY).allowed
-        assert (await store.arecord("k", 600, POLICY)).tripped
-        assert not store.gate("k").allowed
-        assert not (await store.agate("k")).allowed
+        assert store.run(Record("k", 600, POLICY)).allowed
+        assert (await store.arun(Record("k", 600, POLICY))).tripped
+        assert not store.run(Gate("k")).allowed
+        assert not (await store.arun(Gate("k"))).allowed
     finally:
         delete_prefix(redis.Redis.from_url(redis_url), prefix)
         store.close()
@@ -141,12 +142,12 @@ def test_a_client_that_decodes_responses_works(redis_url: str, clock: Clock) -> 
     store = RedisStore(client, prefix=unique_prefix(), clock=clock)
     bucket = BucketPolicy(rate=1, capacity=1)
     try:
-        assert store.record("k", 600, POLICY).allowed
-        assert store.record("k", 600, POLICY).tripped
-        assert store.gate("k").retry_after == 60.0
-        assert not store.admit("k", cost=1, amount=1, velocity=POLICY, bucket=bucket).allowed
-        status = store.status("k", POLICY, bucket)
-        assert status.velocity is not None and status.velocity.rate == 1200.0
+        assert store.run(Record("k", 600, POLICY)).allowed
+        assert store.run(Record("k", 600, POLICY)).tripped
+        assert store.run(Gate("k")).retry_after == 60.0
+        assert not store.run(Admit("k", cost=1, amount=1, velocity=POLICY, bucket=bucket)).allowed
+        status = store.run(ReadStatus("k", POLICY, bucket))
+        assert status.rate == 1200.0
     finally:
         delete_prefix(redis.Redis.from_url(redis_url), store.prefix)
         client.close()
@@ -218,3 +219,17 @@ def test_a_fuse_over_a_one_face_store_refuses_the_other_face_clearly() -> None:
         TokenFuseWSGI(lambda environ, start: [], fuse=async_only)
     with pytest.raises(ConfigurationError, match="async-only"):
         async_only.record("k", 1)  # a clear error, not a silent fail-open
+
+
+def test_both_stores_run_every_operation() -> None:
+    """An operation is one class in ``ops``, one entry per store and one Lua script."""
+    from tokenfuse._stores import ops
+    from tokenfuse._stores.memory import _APPLY
+    from tokenfuse._stores.redis_codec import CODECS
+
+    exported = (getattr(ops, name) for name in ops.__all__)
+    operations = {kind for kind in exported if isinstance(kind, type) and issubclass(kind, ops.Op)}
+    operations.discard(ops.Op)
+    assert len(operations) == 6
+    assert set(_APPLY) == set(CODECS) == operations
+    assert sorted(script_sources()) == sorted(op.name for op in operations)

@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from tokenfuse import BucketPolicy
+from tokenfuse._stores.ops import Admit, Gate
 from tokenfuse._stores.redis import RedisStore
 
 
@@ -16,14 +17,14 @@ def hammer(url: str, prefix: str, key: str, bucket: BucketPolicy, seconds: float
     """Admit as fast as possible for ``seconds`` on the server clock; report the count."""
     client = redis.Redis.from_url(url)
     store = RedisStore(client, prefix=prefix)
-    store.gate(key)  # connect and load the scripts before the start
+    store.run(Gate(key))  # connect and load the scripts before the start
     ready.wait(30)
     go.wait(30)
     admitted = calls = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         calls += 1
-        admitted += store.admit(key, cost=1, amount=0, velocity=None, bucket=bucket).allowed
+        admitted += store.run(Admit(key, cost=1, amount=0, velocity=None, bucket=bucket)).allowed
     results.put((admitted, calls))
     client.close()
 
@@ -33,8 +34,10 @@ def race(url: str, prefix: str, keys: list[str], bucket: BucketPolicy,
     """Ask once for the one token of each key, in the same order as the other racer."""
     client = redis.Redis.from_url(url)
     store = RedisStore(client, prefix=prefix)
-    store.gate(keys[0])
+    store.run(Gate(keys[0]))
     ready.wait(30)
-    won = [store.admit(k, cost=1, amount=0, velocity=None, bucket=bucket).allowed for k in keys]
+    won = [
+        store.run(Admit(k, cost=1, amount=0, velocity=None, bucket=bucket)).allowed for k in keys
+    ]
     results.put(won)
     client.close()

@@ -27,6 +27,16 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 PROMPT_TOKENS = 12
 
 
+async def read_body(receive: Receive) -> bytes:
+    """The whole body of an ASGI request."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 def chat_body(completion_tokens: int) -> bytes:
     usage = {
         "prompt_tokens": PROMPT_TOKENS,
@@ -101,13 +111,7 @@ class LLMServer:
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         self.requests += 1
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        options = json.loads(body or b"{}")
+        options = json.loads(await read_body(receive) or b"{}")
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         gzip_it = "gzip" in headers.get("accept-encoding", "") and options.get("gzip", True)
         compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS) if gzip_it else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from types import ModuleType
 
 import pytest
@@ -17,6 +16,7 @@ from .conftest import QUICK, ChunkServer
 
 pytestmark = pytest.mark.redis
 CASE = CASES["anthropic-messages"]  # 200 tokens a call
+MAX_ROUNDS = 100  # a trip is due after 25 rounds of two calls; far more means it never comes
 
 
 def process_fuse(redis_url: str, prefix: str, clock: Clock) -> Fuse:
@@ -36,19 +36,19 @@ def train(fuse: Fuse, clock: Clock) -> None:
 
 
 def test_a_trip_in_one_process_refuses_the_other(
-    lib: ModuleType, redis_url: str, clock: Clock
+    lib: ModuleType, redis_url: str, redis_prefix: str, clock: Clock
 ) -> None:
-    prefix = f"test-{uuid.uuid4().hex[:8]}"
-    one, two = process_fuse(redis_url, prefix, clock), process_fuse(redis_url, prefix, clock)
+    one, two = (process_fuse(redis_url, redis_prefix, clock) for _ in range(2))
     train(one, clock)
     server = ChunkServer(lib, CASE)
     first = lib.Client(transport=FuseTransport(server.transport(), fuse=one, key="agent-1"))
     second = lib.Client(transport=FuseTransport(server.transport(), fuse=two, key="agent-1"))
-    tripped = False
-    while not tripped:  # both processes loop; together they trip the shared key
-        for client in (first, second):
-            report = client.post(CASE.url).extensions["tokenfuse"]
-            tripped = tripped or report.tripped
+    for _ in range(MAX_ROUNDS):  # both processes loop; together they trip the shared key
+        reports = [client.post(CASE.url).extensions["tokenfuse"] for client in (first, second)]
+        if any(report.tripped for report in reports):
+            break
+    else:
+        pytest.fail(f"the shared key did not trip in {2 * MAX_ROUNDS} calls")
     sent = len(server.requests)
     for client in (first, second):
         with pytest.raises(LoopSuspected):
@@ -59,8 +59,10 @@ def test_a_trip_in_one_process_refuses_the_other(
         store_of(fuse).close()
 
 
-async def test_async_transport_on_redis(lib: ModuleType, redis_url: str, clock: Clock) -> None:
-    fuse = process_fuse(redis_url, f"test-{uuid.uuid4().hex[:8]}", clock)
+async def test_async_transport_on_redis(
+    lib: ModuleType, redis_url: str, redis_prefix: str, clock: Clock
+) -> None:
+    fuse = process_fuse(redis_url, redis_prefix, clock)
     server = ChunkServer(lib, CASES["anthropic-stream"], how="random")
     transport = AsyncFuseTransport(server.transport(), fuse=fuse, key="agent-1")
     async with lib.AsyncClient(transport=transport) as client:

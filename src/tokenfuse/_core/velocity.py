@@ -67,15 +67,17 @@ __all__ = [
     "SLOTS",
     "SLOT_SECONDS",
     "VelocityPolicy",
-    "VelocitySnapshot",
     "VelocityState",
     "VelocityVerdict",
+    "as_of",
+    "established",
     "forgive",
     "gate",
+    "manual_ceiling",
     "new_state",
+    "rate_at",
     "record",
     "reset",
-    "snapshot",
 ]
 
 WINDOW_SECONDS = 60.0
@@ -378,7 +380,9 @@ def _roll_minutes(state: VelocityState, now: float, params: VelocityPolicy) -> N
     state.minute_head = minute
 
 
-def _established(state: VelocityState, now: float, params: VelocityPolicy) -> bool:
+def established(state: VelocityState, now: float, params: VelocityPolicy) -> bool:
+    """Whether the key's baseline counts: first seen ``learning_period`` ago, with at least
+    ``min_samples`` learned minutes."""
     return now - state.first_seen >= params.learning_period and state.samples >= params.min_samples
 
 
@@ -419,7 +423,8 @@ def _teach(state: VelocityState, hour: int, rate: float) -> None:
 _Finding = tuple[int, float, float | None, float | None, float]
 
 
-def _ceiling(state: VelocityState, params: VelocityPolicy) -> float | None:
+def manual_ceiling(state: VelocityState, params: VelocityPolicy) -> float | None:
+    """The manual ceiling in force: the key's live override, else the policy's limit."""
     return state.limit_override if state.limit_override >= 0.0 else params.limit
 
 
@@ -523,9 +528,8 @@ def _cold_start_rules(
 
 def _judge(state: VelocityState, amount: float, now: float, params: VelocityPolicy) -> _Finding:
     rate = _rate(state, now)
-    established = _established(state, now, params)
-    baseline = state.baseline if established else None
-    ceiling = _ceiling(state, params)
+    baseline = state.baseline if established(state, now, params) else None
+    ceiling = manual_ceiling(state, params)
     if ceiling is not None and rate > ceiling:
         return _MANUAL, rate, ceiling, baseline, WINDOW_SECONDS
     allowance = _allowance(state, now)
@@ -655,21 +659,9 @@ def forgive(state: VelocityState) -> None:
     state.early_level = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class VelocitySnapshot:
-    rate: float
-    baseline: float | None  # None unless established
-    learned_baseline: float
-    samples: int
-    first_seen: float
-    established: bool
-    open_until: float | None
-    limit: float | None
-
-
-def snapshot(state: VelocityState, now: float, params: VelocityPolicy) -> VelocitySnapshot:
-    """A read-only view for ``Fuse.status``: the key as its next record at ``now`` would find
-    it (minutes that left the long window learned), without changing the state."""
+def as_of(state: VelocityState, now: float, params: VelocityPolicy) -> VelocityState:
+    """A copy of the key's state as its next record at ``now`` would find it: the minutes that
+    left the long window learned (for status, which changes nothing)."""
     probe = replace(
         state,
         amounts=list(state.amounts),
@@ -677,20 +669,16 @@ def snapshot(state: VelocityState, now: float, params: VelocityPolicy) -> Veloci
         minute_amounts=list(state.minute_amounts),
         minute_largest=list(state.minute_largest),
         minute_calls=list(state.minute_calls),
+        profile=list(state.profile),
     )
     _roll_minutes(probe, now, params)
-    rate = 0.0
-    if probe.head >= 0:
-        _advance(probe, now)
-        rate = _rate(probe, now)
-    established = _established(probe, now, params)
-    return VelocitySnapshot(
-        rate=rate,
-        baseline=probe.baseline if established else None,
-        learned_baseline=probe.baseline,
-        samples=probe.samples,
-        first_seen=probe.first_seen,
-        established=established,
-        open_until=probe.open_until if probe.open_until > now else None,
-        limit=_ceiling(probe, params),
-    )
+    return probe
+
+
+def rate_at(state: VelocityState, now: float) -> float:
+    """The rate over the 60 s before ``now``, read without moving the key's ring (for status)."""
+    if state.head < 0 or math.floor(now / SLOT_SECONDS) - state.head >= SLOTS:
+        return 0.0  # nothing recorded, or all of it older than the window
+    probe = replace(state, amounts=list(state.amounts), largest=list(state.largest))
+    _advance(probe, now)
+    return _rate(probe, now)

@@ -2,18 +2,23 @@
 
 ::
 
-    request ─ RequestView ─ Guard.plan ─ Fuse.admit/aadmit ─ Guard.settle ─┬─ Reply (429)
-                (request.py) (policy.py)      (one store trip)  (policy.py) └─ app + headers
-                                                                               │
-                              count="tokens": Report (report.py) ─ Fuse.record/arecord
+    request ─ RequestView ─ InboundGuard.plan ─ Plan.aadmit/admit ─ InboundGuard.settle ─┬─ Reply
+             (request.py)      (guard.py)       (one store trip)        (guard.py)       │
+                                                                                         └─ app
+    count="tokens": the app reports into the Outcome's Report (report.py), which
+                    InboundGuard.arecord/record files in the store when the response is done
 
-``asgi.py`` and ``wsgi.py`` differ only in how they speak their protocol.
+``options.py`` declares and checks the options, ``shell.py`` is the constructor both
+middleware classes share, and ``asgi.py`` / ``wsgi.py`` differ only in how they speak their
+protocol. ``reply.py`` formats what the middleware answers, ``identify.py`` turns a request
+into an ``Identity``, and ``defaults.py`` is what a ``TokenFuse`` without options enforces.
 """
 
 from .asgi import TokenFuse
 from .defaults import CALL_VELOCITY, default_inbound_fuse, inbound_fuse
-from .identify import ANONYMOUS, bearer_or_api_key, by_header
-from .policy import Reply
+from .identify import ANONYMOUS, IdentifyRequest, bearer_or_api_key, by_header
+from .options import InboundOptions
+from .reply import Reply
 from .report import DECISION_KEY, REPORT_KEY, TOKENS_HEADER, report_tokens
 from .request import RequestView
 from .wsgi import TokenFuseWSGI
@@ -24,6 +29,8 @@ __all__ = [
     "DECISION_KEY",
     "REPORT_KEY",
     "TOKENS_HEADER",
+    "IdentifyRequest",
+    "InboundOptions",
     "Reply",
     "RequestView",
     "TokenFuse",

@@ -1,7 +1,7 @@
-"""``TokenFuse``: the pure ASGI middleware (Starlette, FastAPI, any ASGI app).
+"""Inbound: ``TokenFuse``, the pure ASGI middleware (Starlette, FastAPI, any ASGI app).
 
-It speaks ASGI and nothing else: the decision, the refusal and the headers come from
-``Guard`` (``policy.py``), shared with the WSGI middleware.
+It speaks ASGI and nothing else: the options, the decision, the refusal, the headers and the
+token report come from ``InboundGuard`` (``guard.py``), shared with the WSGI middleware.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .._errors import ConfigurationError, StoreUnavailable
-from .._fuse import Fuse
-from .identify import Identify
-from .policy import Anonymous, Cost, Count, Exclude, Guard, Refusal, Reply, Tiers, logger
-from .report import DECISION_KEY, REPORT_KEY, TOKENS_HEADER, Report, _current, parse_amount
+from .._errors import StoreUnavailable
+from .guard import Outcome
+from .reply import Headers, Reply, unavailable
+from .report import parse_amount
 from .request import AsgiRequest
+from .shell import InboundMiddleware
 
 __all__ = ["TokenFuse"]
 
@@ -25,7 +25,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _encode(headers: tuple[tuple[str, str], ...]) -> list[tuple[bytes, bytes]]:
+def _encode(headers: Headers) -> list[tuple[bytes, bytes]]:
     return [
         (name.lower().encode("latin-1", "replace"), value.encode("latin-1", "replace"))
         for name, value in headers
@@ -40,7 +40,7 @@ async def _send_reply(send: Send, reply: Reply) -> None:
     await send({"type": "http.response.body", "body": reply.body})
 
 
-class TokenFuse:
+class TokenFuse(InboundMiddleware[ASGIApp]):
     """Contain each caller of an ASGI app: a token bucket plus the velocity check.
 
     >>> app.add_middleware(TokenFuse)                                   # doctest: +SKIP
@@ -51,90 +51,49 @@ class TokenFuse:
     ...     exclude=["/health"],
     ... )
 
-    Args:
-        fuse: the ``Fuse`` to decide with (``inbound_fuse(...)``); by default the process-wide
-            ``default_inbound_fuse()``: ``FREE`` bucket and ``CALL_VELOCITY`` on the
-            embedded store.
-        identify: ``request -> Identity | str | None``; default ``bearer_or_api_key``.
-        anonymous: requests without an identity share one ``anonymous`` identity
-            (``"shared"``, the default) or pass unguarded (``"allow"``).
-        cost: bucket cost per call: a number, ``{path prefix: cost}`` (longest prefix wins,
-            others cost 1), or ``request -> cost`` (an error or invalid value costs 1).
-        tiers: bucket policy per identity: ``{name or credential: BucketPolicy}`` or
-            ``(request, identity) -> BucketPolicy | None``. Live overrides
-            (``Fuse.set_bucket``) win over both.
-        count: what the velocity check counts: ``"calls"``, or ``"tokens"`` the handler
-            reports (``TokenFuse-Tokens`` response header or ``report_tokens``).
-        exclude: path prefixes (``["/health"]``) or ``request -> bool``: not guarded at all.
-        shadow: decide, log and send the headers, but never refuse.
-        refusal: ``(error, request) -> Reply`` to shape refusals; ``Retry-After`` and the
-            ``RateLimit`` headers are added unless the reply sets them.
-        policy_name: the policy's name in the ``RateLimit`` headers.
-        tokens_header: the response header a handler may report tokens in (stripped).
+    The keyword options (``fuse``, ``identify``, ``anonymous``, ``cost``, ``tiers``, ``count``,
+    ``exclude``, ``shadow``, ``refusal``, ``policy_name``, ``tokens_header``) are described in
+    ``InboundOptions``; the fuse's store needs an async face.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        fuse: Fuse | None = None,
-        identify: Identify | None = None,
-        anonymous: Anonymous = "shared",
-        cost: Cost = 1.0,
-        tiers: Tiers | None = None,
-        count: Count = "calls",
-        exclude: Exclude = (),
-        shadow: bool = False,
-        refusal: Refusal | None = None,
-        policy_name: str = "default",
-        tokens_header: str = TOKENS_HEADER,
-    ) -> None:
-        self.app = app
-        self.guard = Guard(
-            fuse=fuse,
-            identify=identify,
-            anonymous=anonymous,
-            cost=cost,
-            tiers=tiers,
-            count=count,
-            exclude=exclude,
-            shadow=shadow,
-            refusal=refusal,
-            policy_name=policy_name,
-        )
-        if not self.guard.fuse.has_async:
-            raise ConfigurationError(
-                f"TokenFuse needs a store with an async face; {self.guard.fuse.store!r} is "
-                "sync-only (use RedisStore.from_url, or TokenFuseWSGI for WSGI apps)"
-            )
-        self.tokens_header = tokens_header.lower().encode("latin-1")
+    face = "async"
+    otherwise = "TokenFuseWSGI for WSGI apps"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._tokens_header = self.guard.tokens_header.encode("latin-1")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        guard = self.guard
         request = AsgiRequest(scope)
-        plan = guard.plan(request)
+        plan = self.guard.plan(request) if scope["type"] == "http" else None
         if plan is None:
             await self.app(scope, receive, send)
             return
         try:
-            decision = await plan.fuse.aadmit(
-                plan.identity, cost=plan.cost, amount=plan.amount, bucket=plan.bucket
-            )
+            decision = await plan.aadmit()
         except StoreUnavailable as exc:
-            await _send_reply(send, guard.unavailable(exc))
+            await _send_reply(send, unavailable(exc))
             return
-        scope[DECISION_KEY] = decision
-        outcome = guard.settle(plan, decision, request)
+        outcome = self.guard.settle(plan, decision, request)
         if outcome.reply is not None:
             await _send_reply(send, outcome.reply)
             return
+        send = self._with_headers(send, outcome)
+        report = outcome.report
+        if report is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            with report.active():
+                await self.app(scope, receive, send)
+        finally:
+            await self.guard.arecord(plan, report)
 
+    def _with_headers(self, send: Send, outcome: Outcome) -> Send:
+        """``send``, adding the outcome's headers to the response and taking the tokens header
+        out of it (into the report, when counting tokens)."""
         extra = _encode(outcome.headers)
-        tokens_header = self.tokens_header
-        report = Report() if guard.count == "tokens" else None
+        tokens_header, report = self._tokens_header, outcome.report
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -149,18 +108,4 @@ class TokenFuse:
                 message = {**message, "headers": headers}
             await send(message)
 
-        if report is None:
-            await self.app(scope, receive, send_with_headers)
-            return
-        scope[REPORT_KEY] = report
-        token = _current.set(report)
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            _current.reset(token)
-            total = report.total
-            if total > 0:
-                try:
-                    await plan.fuse.arecord(plan.identity, total)
-                except StoreUnavailable:
-                    logger.warning("tokenfuse: store unavailable, %g tokens not recorded", total)
+        return send_with_headers

@@ -1,4 +1,4 @@
-"""The inbound defaults: what ``app.add_middleware(TokenFuse)`` with no arguments enforces.
+"""Inbound: the defaults — what ``app.add_middleware(TokenFuse)`` with no arguments enforces.
 
 * **Bucket**: the ``FREE`` tier, 10 calls/s refill with a burst of 50, per caller.
 * **Velocity** (``CALL_VELOCITY``), counting calls per caller in the sliding 60 s window:
@@ -11,8 +11,9 @@
   - no cold-start ceiling (``cold_start_limit=None``): until a baseline exists, the bucket is
     the containment, so a client that paces itself by the ``RateLimit`` headers is never
     refused by a second, hidden limit;
-  - the foundation's latch: 60 s cooldown after a trip, doubling for repeated trips within an
-    hour, capped at one hour; the baseline half-life is one day.
+  - ``VelocityPolicy``'s default latch: 60 s cooldown after a trip, doubling for repeated
+    trips within an hour, capped at one hour ("Latch" in ``docs/design.md``); the baseline
+    half-life is one day ("Baseline estimator" there).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who is calling: turning a request into an ``Identity``.
+"""Inbound: who is calling a guarded endpoint — turning a request into an ``Identity``.
 
 Every value read here is untrusted input. It is cut to ``MAX_IDENTITY_LENGTH`` before anything
 else touches it, credentials become ``Identity.secret`` (hashed for the store, redacted in
@@ -15,10 +15,11 @@ from functools import lru_cache
 from .._identity import MAX_IDENTITY_LENGTH, Identity
 from .request import RequestView
 
-__all__ = ["ANONYMOUS", "Identify", "bearer_or_api_key", "by_header", "resolve"]
+__all__ = ["ANONYMOUS", "IdentifyRequest", "bearer_or_api_key", "by_header", "resolve"]
 
-#: What identify callables may return: an identity, a name, or None for "nobody".
-Identify = Callable[[RequestView], Identity | str | None]
+#: The middleware's ``identify=`` option: a request in; an identity, a name, or None for
+#: "nobody" out.
+IdentifyRequest = Callable[[RequestView], Identity | str | None]
 
 #: The one identity every request without an identity shares (``anonymous="shared"``).
 ANONYMOUS = Identity.named("anonymous")

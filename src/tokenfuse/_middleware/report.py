@@ -1,4 +1,4 @@
-"""How a handler tells the middleware what a call spent (``count="tokens"``).
+"""Inbound: how a handler tells the middleware what a call spent (``count="tokens"``).
 
 Two ways, both summed:
 
@@ -15,6 +15,8 @@ the same flow as the outbound transport (a call that trips still gets its respon
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 from .request import mapping_of
@@ -69,6 +71,15 @@ class Report:
     @property
     def total(self) -> float:
         return sum(self._amounts)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Within the block, ``report_tokens`` without ``request=`` adds to this report."""
+        token = _current.set(self)
+        try:
+            yield
+        finally:
+            _current.reset(token)
 
 
 def parse_amount(raw: str | bytes) -> float | None:

@@ -1,4 +1,4 @@
-"""What the middleware's options see of a request, whichever protocol carried it.
+"""Inbound: what the middleware's options see of a request, whichever protocol carried it.
 
 ``identify``, ``cost``, ``tiers`` and ``exclude`` callables receive a ``RequestView``: the
 method, the path, a header lookup and the raw ASGI scope or WSGI environ. It reads lazily, so

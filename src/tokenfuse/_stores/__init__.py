@@ -1,1 +1,1 @@
-"""Stores keep per-key state and run each decision atomically (see ``base.Store``)."""
+"""Stores keep per-key state and run operations on it (``ops``), each atomically (``base``)."""

@@ -1,11 +1,9 @@
-"""The contract every store keeps, sync and async.
+"""The contract every store keeps: it runs operations (``ops``), sync and async.
 
 A store runs one whole decision per call, atomically: a guarded call costs one store round
 trip for its gate and one for its record (outbound), or one for its admission (inbound).
 Stores raise ``StoreUnavailable`` for infrastructure trouble and nothing else; failing open is
 the ``Fuse``'s job, so every store fails the same way.
-
-``key`` arguments are already storage-safe (``Fuse`` hashes identities and adds its name).
 
 A store that implements both faces but can serve only one (``RedisStore`` over an asyncio
 client) says so with ``has_sync`` / ``has_async``; ``Fuse`` reads them once.
@@ -13,137 +11,27 @@ client) says so with ``has_sync`` / ``has_async``; ``Fuse`` reads them once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-from .._core import bucket as _bucket
-from .._core import velocity as _velocity
-from .._core.admission import AdmitVerdict
-from .._core.bucket import BucketPolicy, BucketState
-from .._core.velocity import VelocityPolicy, VelocitySnapshot, VelocityState, VelocityVerdict
+from .ops import Op
 
-__all__ = [
-    "UNSET",
-    "AdmitVerdict",
-    "AsyncStore",
-    "KeyStatus",
-    "Store",
-    "SyncStore",
-    "Unset",
-    "async_face",
-    "key_status",
-    "sync_face",
-]
+__all__ = ["AsyncStore", "Store", "SyncStore", "async_face", "sync_face"]
 
-
-class Unset:
-    """Marker for 'leave this setting as it is' in ``configure``."""
-
-    _instance: Unset | None = None
-
-    def __new__(cls) -> Unset:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET = Unset()
-
-
-@dataclass(frozen=True, slots=True)
-class KeyStatus:
-    """What a store knows about one key, read without changing it."""
-
-    velocity: VelocitySnapshot | None  # None: never recorded
-    bucket_level: float | None  # None: no bucket yet (a first call finds it full)
-    bucket_capacity: float | None
-    bucket_rate: float | None
-
-
-def key_status(
-    velocity_state: VelocityState | None,
-    bucket_state: BucketState | None,
-    now: float,
-    velocity: VelocityPolicy,
-    bucket: BucketPolicy | None,
-) -> KeyStatus:
-    """A key's states viewed through the core: what every store's ``status`` returns."""
-    view = None if velocity_state is None else _velocity.snapshot(velocity_state, now, velocity)
-    if bucket is None:
-        return KeyStatus(view, None, None, None)
-    if bucket_state is None:
-        return KeyStatus(view, None, bucket.capacity, bucket.rate)
-    capacity, rate = _bucket.limits_of(bucket_state, bucket)
-    return KeyStatus(view, _bucket.level(bucket_state, now, capacity, rate), capacity, rate)
+R = TypeVar("R")
 
 
 @runtime_checkable
 class SyncStore(Protocol):
-    def gate(self, key: str) -> VelocityVerdict: ...
-
-    def record(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict: ...
-
-    def admit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict: ...
-
-    def status(
-        self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus: ...
-
-    def reset(self, key: str) -> None: ...
-
-    def configure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None: ...
+    def run(self, op: Op[R]) -> R:
+        """Run one operation on its key and return its result (``store.run(Gate(key))``)."""
+        ...
 
 
 @runtime_checkable
 class AsyncStore(Protocol):
-    async def agate(self, key: str) -> VelocityVerdict: ...
-
-    async def arecord(
-        self, key: str, amount: float, velocity: VelocityPolicy
-    ) -> VelocityVerdict: ...
-
-    async def aadmit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict: ...
-
-    async def astatus(
-        self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus: ...
-
-    async def areset(self, key: str) -> None: ...
-
-    async def aconfigure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None: ...
+    async def arun(self, op: Op[R]) -> R:
+        """``run`` for asyncio code."""
+        ...
 
 
 class Store(SyncStore, AsyncStore, Protocol):

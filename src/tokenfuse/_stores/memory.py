@@ -7,16 +7,20 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .._core import bucket as _bucket
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
-from .._core.bucket import BucketPolicy, BucketState
-from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
+from .._core.bucket import BucketState
+from .._core.status import Status, status_of
+from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from .base import UNSET, KeyStatus, Unset, key_status
+from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
 
 __all__ = ["MemoryStore"]
+
+R = TypeVar("R")
 
 
 @dataclass(slots=True)
@@ -54,142 +58,103 @@ class MemoryStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _entry(self, key: str, now: float, *, create: bool) -> _Entry | None:
-        """The live entry for ``key`` (marked most recently used); lock held by the caller."""
+    def _live(self, key: str, now: float) -> _Entry | None:
+        """The key's entry unless it expired, marked most recently used; lock held."""
         entry = self._entries.get(key)
-        if entry is not None and entry.expires <= now:
-            del self._entries[key]
-            entry = None
         if entry is None:
-            if not create:
-                return None
-            entry = self._entries[key] = _Entry()
-            if len(self._entries) > self.max_keys:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
+            return None
+        if entry.expires <= now:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
         entry.expires = now + self.ttl
         return entry
 
-    # -- sync ---------------------------------------------------------------------------------
+    def _entry(self, key: str, now: float) -> _Entry:
+        """The key's live entry, a new one if it has none (evicting the least recently used)."""
+        entry = self._live(key, now)
+        if entry is None:
+            entry = self._entries[key] = _Entry(expires=now + self.ttl)
+            if len(self._entries) > self.max_keys:
+                self._entries.popitem(last=False)
+        return entry
 
-    def gate(self, key: str) -> VelocityVerdict:
+    def run(self, op: Op[R]) -> R:
+        """Run one operation (``ops``): under the store's lock, at one reading of its clock."""
+        apply = _APPLY[type(op)]
         with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=False)
-            if entry is None or entry.velocity is None:
-                return VelocityVerdict(allowed=True)
-            return _velocity.gate(entry.velocity, now)
+            result: R = apply(self, op, self.clock())
+        return result
 
-    def record(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=True)
-            assert entry is not None
+    async def arun(self, op: Op[R]) -> R:
+        """``run``: nothing here waits on I/O, so the async face runs the same code directly."""
+        return self.run(op)
+
+    # -- each operation applied to the core (the lock held, ``now`` read once) ------------------
+
+    def _gate(self, op: Gate, now: float) -> VelocityVerdict:
+        entry = self._live(op.key, now)
+        if entry is None or entry.velocity is None:
+            return VelocityVerdict(allowed=True)
+        return _velocity.gate(entry.velocity, now)
+
+    def _record(self, op: Record, now: float) -> VelocityVerdict:
+        entry = self._entry(op.key, now)
+        if entry.velocity is None:
+            entry.velocity = _velocity.new_state(now)
+        return _velocity.record(entry.velocity, op.amount, now, op.velocity)
+
+    def _admit(self, op: Admit, now: float) -> AdmitVerdict:
+        entry = self._entry(op.key, now)
+        if op.velocity is not None and entry.velocity is None and op.amount > 0:
+            entry.velocity = _velocity.new_state(now)
+        if op.bucket is not None and entry.bucket is None:
+            entry.bucket = _bucket.new_state(now, op.bucket)
+        return admit(
+            entry.velocity,
+            entry.bucket,
+            cost=op.cost,
+            amount=op.amount,
+            now=now,
+            velocity=op.velocity,
+            bucket=op.bucket,
+        )
+
+    def _status(self, op: ReadStatus, now: float) -> Status:
+        entry = self._entries.get(op.key)  # read only: neither touched nor moved
+        if entry is None or entry.expires <= now:
+            entry = _Entry()
+        return status_of(op.key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
+
+    def _reset(self, op: Reset, now: float) -> None:
+        entry = self._entries.get(op.key)
+        if entry is not None and entry.velocity is not None:
+            _velocity.reset(entry.velocity)
+        if entry is not None and entry.bucket is not None:
+            entry.bucket.tokens = _bucket.FULL
+
+    def _configure(self, op: Configure, now: float) -> None:
+        entry = self._entry(op.key, now)
+        if not isinstance(op.limit, Unset):
             if entry.velocity is None:
                 entry.velocity = _velocity.new_state(now)
-            return _velocity.record(entry.velocity, amount, now, velocity)
+            entry.velocity.limit_override = -1.0 if op.limit is None else op.limit
+        if isinstance(op.capacity, Unset) and isinstance(op.rate, Unset):
+            return
+        if entry.bucket is None:
+            entry.bucket = BucketState(tokens=_bucket.FULL, updated=now)
+        if not isinstance(op.capacity, Unset):
+            entry.bucket.capacity_override = -1.0 if op.capacity is None else op.capacity
+        if not isinstance(op.rate, Unset):
+            entry.bucket.rate_override = -1.0 if op.rate is None else op.rate
 
-    def admit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict:
-        with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=True)
-            assert entry is not None
-            if velocity is not None and entry.velocity is None and amount > 0:
-                entry.velocity = _velocity.new_state(now)
-            if bucket is not None and entry.bucket is None:
-                entry.bucket = _bucket.new_state(now, bucket)
-            return admit(
-                entry.velocity,
-                entry.bucket,
-                cost=cost,
-                amount=amount,
-                now=now,
-                velocity=velocity,
-                bucket=bucket,
-            )
 
-    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> KeyStatus:
-        with self._lock:
-            now = self.clock()
-            entry = self._entries.get(key)
-            if entry is None or entry.expires <= now:
-                entry = _Entry()
-            return key_status(entry.velocity, entry.bucket, now, velocity, bucket)
-
-    def reset(self, key: str) -> None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry.velocity is not None:
-                _velocity.reset(entry.velocity)
-            if entry is not None and entry.bucket is not None:
-                entry.bucket.tokens = _bucket.FULL
-
-    def configure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None:
-        with self._lock:
-            now = self.clock()
-            entry = self._entry(key, now, create=True)
-            assert entry is not None
-            if not isinstance(limit, Unset):
-                if entry.velocity is None:
-                    entry.velocity = _velocity.new_state(now)
-                entry.velocity.limit_override = -1.0 if limit is None else limit
-            if not (isinstance(capacity, Unset) and isinstance(rate, Unset)):
-                if entry.bucket is None:
-                    entry.bucket = BucketState(tokens=_bucket.FULL, updated=now)
-                if not isinstance(capacity, Unset):
-                    entry.bucket.capacity_override = -1.0 if capacity is None else capacity
-                if not isinstance(rate, Unset):
-                    entry.bucket.rate_override = -1.0 if rate is None else rate
-
-    # -- async: nothing here waits on I/O, so the async face runs the same code directly -------
-
-    async def agate(self, key: str) -> VelocityVerdict:
-        return self.gate(key)
-
-    async def arecord(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        return self.record(key, amount, velocity)
-
-    async def aadmit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict:
-        return self.admit(key, cost=cost, amount=amount, velocity=velocity, bucket=bucket)
-
-    async def astatus(
-        self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus:
-        return self.status(key, velocity, bucket)
-
-    async def areset(self, key: str) -> None:
-        self.reset(key)
-
-    async def aconfigure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None:
-        self.configure(key, limit=limit, capacity=capacity, rate=rate)
+#: How ``MemoryStore`` runs each operation.
+_APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
+    Gate: MemoryStore._gate,
+    Record: MemoryStore._record,
+    Admit: MemoryStore._admit,
+    ReadStatus: MemoryStore._status,
+    Reset: MemoryStore._reset,
+    Configure: MemoryStore._configure,
+}

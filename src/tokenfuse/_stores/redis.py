@@ -1,30 +1,16 @@
 """``RedisStore``: the policy core run inside Redis as Lua, one round trip per decision.
 
-Every operation is one EVALSHA of one script (``lua/<op>.lua`` after the shared ``_lib.lua``),
-so each decision is atomic across every process that shares the server, and needs no lock,
-pipeline or retry loop.
+Every operation (``ops``) is one EVALSHA of its script (``lua/<op.name>.lua`` after the shared
+``_lib.lua``), so each decision is atomic across every process that shares the server, and
+needs no lock, pipeline or retry loop. ``redis_codec`` says how each operation becomes the
+script's arguments and how its reply becomes the result; ``run`` and ``arun`` differ only in
+awaiting the script call.
 
-**Layout.** An identity ``<key>`` (what ``Fuse`` passes: ``name:hash``) is one string key,
-``<prefix>:{<key>}`` (the hash tag picks its cluster slot), holding all of its state as
-little-endian packed doubles::
-
-    velocity block  VelocityState (86 doubles), then limit_override      696 bytes
-    bucket block    BucketState (6 doubles), then capacity_override and  64 bytes
-                    rate_override
-
-Each block is there only when the identity has that state, in this order, so the string is
-696, 64 or 760 bytes long and its length says which blocks it holds; an override of -1 means
-none. The field order is in ``redis_codec`` (and ``lua/_lib.lua``); ``redis_codec.read_state``
-turns a raw ``GET`` back into the core's state objects. A decision is ``TIME``, ``GET`` and
-one ``SET ... PX ttl`` inside one script: each command a script calls costs a few
-microseconds of fixed overhead on the server, more than the command itself, so everything an
-identity has sits in one value written with its TTL in one call. Packed doubles are exact and
-cost one C call each way in Lua, where separate text fields would cost a string and a
-conversion apiece. The size is fixed whatever the traffic (under 1 KB of ``MEMORY USAGE``
-per identity), and every operation that writes refreshes the TTL (``ttl``,
-default 14 days). The overrides sit in the same value, so every process reads them with its
-next decision, in the same round trip; set them with ``configure`` (a raw ``redis-cli HSET``
-no longer can).
+**State.** All of an identity's state, live overrides included, is one packed string with a
+TTL, ``<prefix>:{<key>}``, read and written once per decision: every process sees an override
+with its next decision, in the same round trip. The layout is in ``redis_codec``, the reasons
+for it in docs/design.md#state-layout. Every operation that writes refreshes the TTL (``ttl``,
+default 14 days).
 
 **Clock.** The server's ``TIME`` by default, one clock for every process; an explicit
 ``clock`` (tests, simulations) is passed to the scripts as an argument.
@@ -37,30 +23,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from .._core.admission import AdmitVerdict
-from .._core.bucket import BucketPolicy
-from .._core.velocity import VelocityPolicy, VelocityVerdict
 from .._errors import ConfigurationError, StoreUnavailable
-from .base import UNSET, KeyStatus, Unset
+from .ops import Op
 from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient
-from .redis_codec import (
-    admit_args,
-    admit_verdict,
-    configure_args,
-    key_of,
-    key_status,
-    record_args,
-    velocity_verdict,
-)
+from .redis_codec import CODECS, Args, Codec, key_of
 
 __all__ = ["RedisStore"]
 
 _DEFAULT_TTL = 14 * 86_400.0
 
-# (script name, KEYS, ARGV): one decision, packed the same way for the sync and async paths.
-_Call = tuple[str, tuple[str, ...], tuple[str | bytes, ...]]
+R = TypeVar("R")
 
 
 class _Unavailable:
@@ -87,8 +61,8 @@ class RedisStore:
     >>> fuse = Fuse(store)                                       # doctest: +SKIP
 
     Args:
-        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (sync methods), or their
-            ``redis.asyncio`` counterparts (a-prefixed methods). The caller keeps owning it.
+        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (for ``run``), or their
+            ``redis.asyncio`` counterparts (for ``arun``). The caller keeps owning it.
         prefix: first part of every key; must not contain ``{`` or ``}``.
         clock: ``None`` for the server's clock; a callable returning epoch seconds otherwise.
         ttl: seconds an idle identity's state lives.
@@ -146,12 +120,12 @@ class RedisStore:
 
     @property
     def has_sync(self) -> bool:
-        """Whether the plain methods work (a sync client was given, or built from a URL)."""
+        """Whether ``run`` works (a sync client was given, or built from a URL)."""
         return self._clients.has_sync
 
     @property
     def has_async(self) -> bool:
-        """Whether the a-prefixed methods work (an asyncio client, or built from a URL)."""
+        """Whether ``arun`` works (an asyncio client was given, or built from a URL)."""
         return self._clients.has_async
 
     def close(self) -> None:
@@ -162,123 +136,27 @@ class RedisStore:
         """Close every client this store built (``from_url``)."""
         await self._clients.aclose()
 
-    # -- one decision = one script call; packing and parsing shared by both faces ---------------
+    # -- one operation = one script call; both faces encode and decode it the same way --------
 
-    def _now(self) -> str:
-        return "" if self.clock is None else repr(float(self.clock()))
+    def run(self, op: Op[R]) -> R:
+        """Run one operation (``ops``) with its script; needs a sync client."""
+        codec, keys, args = self._encode(op)
+        script = self._clients.sync_scripts()[op.name]
+        with _Unavailable(op.name):
+            reply = script(keys, args)
+        result: R = codec.result(op, reply)
+        return result
 
-    def _run(self, op: str, keys: tuple[str, ...], args: tuple[str | bytes, ...]) -> Any:
-        script = self._clients.sync_scripts()[op]
-        with _Unavailable(op):
-            return script(keys, args)
+    async def arun(self, op: Op[R]) -> R:
+        """Run one operation (``ops``) with its script; needs an asyncio client."""
+        codec, keys, args = self._encode(op)
+        script = self._clients.async_scripts()[op.name]
+        with _Unavailable(op.name):
+            reply = await script(keys, args)
+        result: R = codec.result(op, reply)
+        return result
 
-    async def _arun(self, op: str, keys: tuple[str, ...], args: tuple[str | bytes, ...]) -> Any:
-        script = self._clients.async_scripts()[op]
-        with _Unavailable(op):
-            return await script(keys, args)
-
-    def _gate(self, key: str) -> _Call:
-        return "gate", (key_of(self.prefix, key),), (self._now(),)
-
-    def _record(self, key: str, amount: float, velocity: VelocityPolicy) -> _Call:
-        args = record_args(self._now(), self._ttl_ms, amount, velocity)
-        return "record", (key_of(self.prefix, key),), args
-
-    def _admit(
-        self,
-        key: str,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> _Call:
-        args = admit_args(self._now(), self._ttl_ms, cost, amount, velocity, bucket)
-        return "admit", (key_of(self.prefix, key),), args
-
-    def _status(self, key: str) -> _Call:
-        return "status", (key_of(self.prefix, key),), (self._now(),)
-
-    def _reset(self, key: str) -> _Call:
-        return "reset", (key_of(self.prefix, key),), (self._ttl_ms,)
-
-    def _configure(
-        self,
-        key: str,
-        limit: float | None | Unset,
-        capacity: float | None | Unset,
-        rate: float | None | Unset,
-    ) -> _Call:
-        args = configure_args(self._now(), self._ttl_ms, limit, capacity, rate)
-        return "configure", (key_of(self.prefix, key),), args
-
-    # -- sync -------------------------------------------------------------------------------------
-
-    def gate(self, key: str) -> VelocityVerdict:
-        return velocity_verdict(self._run(*self._gate(key)))
-
-    def record(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        return velocity_verdict(self._run(*self._record(key, amount, velocity)))
-
-    def admit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict:
-        return admit_verdict(self._run(*self._admit(key, cost, amount, velocity, bucket)))
-
-    def status(self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None) -> KeyStatus:
-        return key_status(self._run(*self._status(key)), velocity, bucket)
-
-    def reset(self, key: str) -> None:
-        self._run(*self._reset(key))
-
-    def configure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None:
-        self._run(*self._configure(key, limit, capacity, rate))
-
-    # -- async ------------------------------------------------------------------------------------
-
-    async def agate(self, key: str) -> VelocityVerdict:
-        return velocity_verdict(await self._arun(*self._gate(key)))
-
-    async def arecord(self, key: str, amount: float, velocity: VelocityPolicy) -> VelocityVerdict:
-        return velocity_verdict(await self._arun(*self._record(key, amount, velocity)))
-
-    async def aadmit(
-        self,
-        key: str,
-        *,
-        cost: float,
-        amount: float,
-        velocity: VelocityPolicy | None,
-        bucket: BucketPolicy | None,
-    ) -> AdmitVerdict:
-        return admit_verdict(await self._arun(*self._admit(key, cost, amount, velocity, bucket)))
-
-    async def astatus(
-        self, key: str, velocity: VelocityPolicy, bucket: BucketPolicy | None
-    ) -> KeyStatus:
-        return key_status(await self._arun(*self._status(key)), velocity, bucket)
-
-    async def areset(self, key: str) -> None:
-        await self._arun(*self._reset(key))
-
-    async def aconfigure(
-        self,
-        key: str,
-        *,
-        limit: float | None | Unset = UNSET,
-        capacity: float | None | Unset = UNSET,
-        rate: float | None | Unset = UNSET,
-    ) -> None:
-        await self._arun(*self._configure(key, limit, capacity, rate))
+    def _encode(self, op: Op[Any]) -> tuple[Codec[Any, Any], tuple[str], Args]:
+        codec = CODECS[type(op)]
+        now = "" if self.clock is None else repr(float(self.clock()))
+        return codec, (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)

@@ -127,8 +127,8 @@ class Clients:
                 if self._sync_scripts is None:
                     if self._make_sync is None:
                         raise ConfigurationError(
-                            "this RedisStore wraps an asyncio client: use agate/arecord/aadmit/"
-                            "astatus/areset/aconfigure, or RedisStore.from_url for both faces"
+                            "this RedisStore wraps an asyncio client: use arun (on a Fuse, the "
+                            "a-prefixed methods), or RedisStore.from_url for both faces"
                         )
                     self._sync = client = self._make_sync()
                     self._sync_scripts = {
@@ -143,8 +143,8 @@ class Clients:
         if scripts is None:
             if self._make_async is None:
                 raise ConfigurationError(
-                    "this RedisStore wraps a sync client: use gate/record/admit/status/reset/"
-                    "configure, or RedisStore.from_url for both faces"
+                    "this RedisStore wraps a sync client: use run (on a Fuse, the plain "
+                    "methods), or RedisStore.from_url for both faces"
                 )
             # No lock: nothing awaits between the check and the assignment.
             self._async = client = self._make_async()

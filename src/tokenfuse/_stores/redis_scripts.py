@@ -18,9 +18,12 @@ import functools
 import re
 from importlib import resources
 
+from .redis_codec import CODECS
+
 __all__ = ["SCRIPTS", "inline_constants", "script_sources", "shake"]
 
-SCRIPTS = ("gate", "record", "admit", "status", "reset", "configure")
+#: One script per operation ``RedisStore`` runs, named after it.
+SCRIPTS = tuple(op.name for op in CODECS)
 
 _DEFINITION = re.compile(r"local\s+(?:function\s+)?([\w\s,]+?)\s*(?:=|\(|--|$)")
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -1,9 +1,9 @@
 """The outbound side: an httpx/httpx2 transport that counts LLM tokens and stops loops."""
 
 from .identity import current_scope, scope
-from .meter import FuseReport
+from .meter import EXTENSION, FuseReport
 from .refusal import find_refusal, unwrap_refusals
-from .transport import EXTENSION, AsyncFuseTransport, FuseTransport
+from .transport import AsyncFuseTransport, FuseTransport
 
 __all__ = [
     "EXTENSION",

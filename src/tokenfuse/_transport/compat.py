@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["Flavor", "body_if_read", "flavor_of", "header_dict"]
+__all__ = ["Flavor", "flavor_of"]
 
 _LIBRARIES = ("httpx", "httpx2")
 
@@ -78,31 +78,3 @@ def flavor_of(request: object) -> Flavor:
     with _lock:
         flavor = _flavors[kind] = _load(root)
     return flavor
-
-
-def body_if_read(response: Any) -> bytes | None:
-    """The body of a response that came back already read, or None (not read yet).
-
-    ``response.content`` says the same by raising ``ResponseNotRead``, which every streamed
-    response would pay for on every call. Both libraries keep the body that ``content`` returns
-    in ``_content``, set only once it is read (``tests/transport`` serve already-read responses
-    of both, so a library that stopped doing this would fail there, not pass silently).
-    """
-    body: bytes | None = getattr(response, "_content", None)
-    return body
-
-
-def header_dict(headers: Any) -> dict[str, str]:
-    """``dict(headers.items())`` of an httpx ``Headers``, in a fraction of its time.
-
-    The same dict: names lower-cased, repeated ones joined with ``", "``, both decoded with the
-    headers' encoding. ``items()`` looks that encoding up twice per header; a dict is what the
-    usage readers want (two or three lookups, each a scan of the list in ``Headers``).
-    """
-    encoding = headers.encoding
-    found: dict[str, str] = {}
-    for name, value in headers.raw:
-        key = name.lower().decode(encoding)
-        text = value.decode(encoding)
-        found[key] = f"{found[key]}, {text}" if key in found else text
-    return found

@@ -1,4 +1,4 @@
-"""Who an outbound call is spending for: a scope, a configured key, or the credential it carries.
+"""Outbound side: who a call through ``FuseTransport`` is spending for.
 
 Resolution order, most specific first:
 
@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 
 from .._identity import Identity
 
-__all__ = ["Identify", "KeyOption", "credential_of", "current_scope", "scope"]
+__all__ = ["KeyOption", "KeyResolver", "current_scope", "scope"]
 
 #: A fixed identity, or a function of the request (``httpx.Request`` / ``httpx2.Request``).
 KeyOption: TypeAlias = "str | Identity | Callable[[Any], str | Identity | None] | None"
@@ -57,14 +57,6 @@ def scope(who: str | Identity) -> Iterator[Identity]:
 def current_scope() -> Identity | None:
     """The identity of the innermost ``scope()`` block around the caller, if any."""
     return _scope.get()
-
-
-def credential_of(headers: Any, params: Mapping[str, str] | None = None) -> str | None:
-    """The API credential among ``headers`` (an httpx ``Headers``) or the ``key`` query param."""
-    secret = _header_credential(headers)
-    if secret is None and params is not None:
-        secret = _param_credential(params)
-    return secret
 
 
 def _header_credential(headers: Any) -> str | None:
@@ -116,8 +108,8 @@ def _secret_identity(secret: str) -> Identity:
     return identity
 
 
-class Identify:
-    """Resolves the identity of one request (see the module docstring for the order)."""
+class KeyResolver:
+    """Resolves the identity of one outbound request (the order is in the module docstring)."""
 
     __slots__ = ("_call", "_fixed")
 

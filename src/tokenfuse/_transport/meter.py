@@ -1,7 +1,9 @@
-"""The sans-IO half of the transport: one call's report, and its usage reader made safe.
+"""The meter step of an outbound call: one response's usage reader, its report, its amount.
 
-Both transports (sync and async) and both stream wrappers drive a ``Meter``; only the store
-call that records the amount differs between them, and it lives in their thin shells.
+``Metering.start`` describes the response to the usage side (``reader_for_response``, once)
+and puts a ``FuseReport`` in its extensions; the ``Meter`` it returns is fed the body (at once
+when the response came back already read, else by the stream wrapper as chunks pass) and
+settled exactly once. No I/O here: recording the amount is the transports' own settle step.
 """
 
 from __future__ import annotations
@@ -9,18 +11,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .._events import logger
 from .._fuse import Decision
 from .._identity import Identity
-from .._usage import Usage, UsageReader
-from .._usage.readers import FixedReader, FramedReader, GuardedReader
+from .._usage import (
+    ExtractorRegistry,
+    ResponseHead,
+    Usage,
+    UsageReader,
+    default_registry,
+    reader_for_response,
+)
 
-__all__ = ["FuseReport", "Meter", "log_once"]
+__all__ = ["EXTENSION", "FuseReport", "Meter", "Metering", "log_once"]
+
+#: The key of the ``FuseReport`` in ``response.extensions`` (and of per-request options in
+#: ``request.extensions``: ``{"tokenfuse": {"key": "agent-7"}}``).
+EXTENSION = "tokenfuse"
 
 _MAX_LOGGED = 256
-# Readers whose `feed` never raises and may go on being fed after `finish`.
-_CONTAINED: frozenset[type] = frozenset({FramedReader, FixedReader, GuardedReader})
 _UNKNOWN = "unknown"
 _logged: set[tuple[str, str]] = set()
 
@@ -38,8 +49,8 @@ def log_once(provider: str, problem: str, exc: BaseException | None = None) -> N
     _logged.add(marker)
     logger.log(
         logging.WARNING,
-        "tokenfuse could not count the tokens of a %s response (%s); it is recorded as "
-        "unknown. Further occurrences are not logged.",
+        "tokenfuse could not count the tokens of a response (provider: %s): %s. It is recorded "
+        "as unknown; further occurrences are not logged.",
         provider,
         problem,
         exc_info=exc,
@@ -94,44 +105,36 @@ class FuseReport:
 
 
 class Meter:
-    """Feeds one response's bytes to its reader and settles the result exactly once.
+    """Feeds one response's body to its usage reader and settles the result exactly once.
 
-    Nothing here raises: a reader that fails is logged once, dropped, and the call's usage
-    becomes unknown. ``feed`` does no more than hand the chunk over, so it never delays it.
+    Nothing here raises: the usage side's readers never do, and a registry that fails to choose
+    one is logged once and leaves the call's usage unknown.
     """
 
-    __slots__ = ("_failure", "_reader", "identity", "report")
+    __slots__ = ("_failure", "_reader", "identity", "report", "streaming")
 
-    def __init__(self, identity: Identity, report: FuseReport, reader: UsageReader | None) -> None:
+    def __init__(self, identity: Identity, report: FuseReport) -> None:
         self.identity = identity
         self.report = report
-        self._reader = reader
+        self._reader: UsageReader | None = None
         self._failure: str | None = None
+        self.streaming = False  # a reader waits for the body, which is still to be streamed
 
-    @property
-    def reading(self) -> bool:
-        """A reader is looking at the body (False: not an LLM call, or its reader failed)."""
-        return self._reader is not None
-
-    def read_with(self, reader: UsageReader | None) -> None:
+    def read_with(self, reader: UsageReader | None, body: bytes | None) -> None:
+        """Read with ``reader``: ``body`` at once if the response came back already read, else
+        the chunks of its stream as they pass (``streaming``)."""
         self._reader = reader
-
-    def feed(self, chunk: bytes) -> None:
-        reader = self._reader
         if reader is None:
             return
-        try:
-            reader.feed(chunk)
-        except Exception as exc:
-            self.fail(exc)
+        if body is None:
+            self.streaming = True
+        else:
+            reader.feed(body)
 
     def feeder(self) -> Callable[[bytes], None]:
-        """``feed``, or the reader's own ``feed`` when that cannot raise (the built-in readers
-        contain their failures): a stream calls it for every chunk, one call layer less."""
+        """What a stream calls with every chunk: the reader's own ``feed``, no layer between."""
         reader = self._reader
-        if reader is not None and type(reader) in _CONTAINED:
-            return reader.feed
-        return self.feed
+        return reader.feed if reader is not None else _ignore
 
     def finish(self, *, complete: bool) -> float | None:
         """End the reading: the amount to record, or None (nothing to record, or done before)."""
@@ -148,8 +151,11 @@ class Meter:
         total = usage.total
         return total if total is not None and total > 0 else None
 
-    def recorded(self, decision: Decision) -> None:
-        self.report.record = decision
+    def fail(self, exc: Exception) -> None:
+        """Choosing a reader failed: log once, read nothing, report unknown."""
+        self._reader = None
+        self._failure = f"usage reader failed: {type(exc).__name__}"
+        log_once(_UNKNOWN, self._failure, exc)
 
     def _usage(self, complete: bool) -> Usage | None:
         reader = self._reader
@@ -158,14 +164,86 @@ class Meter:
                 return None  # not an LLM call: nothing was read
             return Usage.unknown(_UNKNOWN, self._failure, partial=not complete)
         self._reader = None
-        try:
-            return reader.finish(complete=complete)
-        except Exception as exc:
-            self.fail(exc)
-            return Usage.unknown(_UNKNOWN, self._failure or "reader failed")
+        return reader.finish(complete=complete)
 
-    def fail(self, exc: Exception) -> None:
-        """The reader (or choosing one) failed: log once, read no more, report unknown."""
-        self._reader = None
-        self._failure = f"usage reader failed: {type(exc).__name__}"
-        log_once(_UNKNOWN, self._failure, exc)
+
+def _ignore(chunk: bytes) -> None:
+    pass
+
+
+class Metering:
+    """How a transport meters its responses: where their readers come from, and ``estimate``."""
+
+    __slots__ = ("estimate", "registry")
+
+    def __init__(self, registry: ExtractorRegistry | None, estimate: bool) -> None:
+        self.registry = registry if registry is not None else default_registry
+        self.estimate = estimate
+
+    def start(self, request: Any, response: Any, identity: Identity, gate: Decision) -> Meter:
+        """The meter of one response, whose report it puts in the response's extensions.
+
+        A response can come back from the inner transport already read (``MockTransport`` with
+        ``content=``, a caching transport): the client will not iterate its stream, so the
+        body is read from memory, where it is already decoded.
+        """
+        meter = Meter(identity, FuseReport(identity, gate))
+        body = _body_if_read(response)
+        try:
+            reader = self._reader_for(request, response, decoded=body is not None)
+        except Exception as exc:  # a custom registry: its failure must not break the call
+            meter.fail(exc)
+        else:
+            meter.read_with(reader, body)
+        response.extensions[EXTENSION] = meter.report
+        return meter
+
+    def _reader_for(self, request: Any, response: Any, *, decoded: bool) -> UsageReader | None:
+        # `decoded`: the client already decoded the body, so its content-encoding is no more.
+        headers = _header_dict(response.headers)
+        if decoded:
+            headers.pop("content-encoding", None)
+        url = request.url
+        try:
+            head = ResponseHead(
+                method=request.method.upper(),
+                url=url,
+                host=url.raw_host.decode("ascii").lower(),  # as `urlsplit(...).hostname`
+                # Still %-encoded, as sent; "/" for an empty path (no route tells them apart).
+                path=url.raw_path.decode("ascii").partition("?")[0],
+                status_code=int(response.status_code),
+                request_headers=request.headers,
+                response_headers=headers,
+                estimate=self.estimate,
+            )
+        except Exception:
+            return None  # as `reader_for` does with a response it cannot describe
+        return reader_for_response(head, self.registry)
+
+
+def _body_if_read(response: Any) -> bytes | None:
+    """The body of a response that came back already read, or None (not read yet).
+
+    ``response.content`` says the same by raising ``ResponseNotRead``, which every streamed
+    response would pay for on every call. Both libraries keep the body that ``content`` returns
+    in ``_content``, set only once it is read (``tests/transport`` serve already-read responses
+    of both, so a library that stopped doing this would fail there, not pass silently).
+    """
+    body: bytes | None = getattr(response, "_content", None)
+    return body
+
+
+def _header_dict(headers: Any) -> dict[str, str]:
+    """``dict(headers.items())`` of an httpx ``Headers``, in a fraction of its time.
+
+    The same dict: names lower-cased, repeated ones joined with ``", "``, both decoded with the
+    headers' encoding. ``items()`` looks that encoding up twice per header; a dict is what the
+    usage readers want (two or three lookups, each a scan of the list in ``Headers``).
+    """
+    encoding = headers.encoding
+    found: dict[str, str] = {}
+    for name, value in headers.raw:
+        key = name.lower().decode(encoding)
+        text = value.decode(encoding)
+        found[key] = f"{found[key]}, {text}" if key in found else text
+    return found

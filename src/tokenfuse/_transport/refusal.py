@@ -24,9 +24,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .._errors import FuseTripped, _rebuild
+from .._errors import FuseTripped, reduce_as
+from .._fuse import Decision
 
-__all__ = ["find_refusal", "for_sdks", "unwrap_refusals"]
+__all__ = ["find_refusal", "for_sdks", "raise_if_refused", "unwrap_refusals"]
 
 # (module, exception base): SDKs that pass their own errors through and wrap all others.
 _PASS_THROUGH = (("anthropic", "AnthropicError"),)
@@ -47,7 +48,7 @@ def _sdk_bases() -> tuple[type[Exception], ...]:
 def _reduce_as_plain(self: FuseTripped) -> tuple[object, ...]:
     # The mixed class exists only in this process; it pickles as the plain tokenfuse refusal.
     plain: type[FuseTripped] = type(self)._plain  # type: ignore[attr-defined]
-    return (_rebuild, (plain, self.__dict__.copy()))
+    return reduce_as(self, plain)
 
 
 def for_sdks(error: FuseTripped) -> FuseTripped:
@@ -69,6 +70,13 @@ def for_sdks(error: FuseTripped) -> FuseTripped:
     mixed.__dict__.update(error.__dict__)
     Exception.__init__(mixed, *error.args)
     return mixed
+
+
+def raise_if_refused(gate: Decision) -> None:
+    """``gate.raise_if_refused()``, with the refusal in a form the loaded SDKs let through."""
+    error = gate.error
+    if not gate.allowed and error is not None:
+        raise for_sdks(error)
 
 
 def find_refusal(exc: BaseException) -> FuseTripped | None:

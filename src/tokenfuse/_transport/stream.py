@@ -28,18 +28,18 @@ Settle = Callable[[Meter, bool], None]
 ASettle = Callable[[Meter, bool], Awaitable[None]]
 
 
-class _SyncInner(Iterable[bytes], Protocol):
+class _InnerStream(Iterable[bytes], Protocol):
     def close(self) -> None: ...
 
 
-class _AsyncInner(AsyncIterable[bytes], Protocol):
+class _AsyncInnerStream(AsyncIterable[bytes], Protocol):
     async def aclose(self) -> None: ...
 
 
 class MeteredStream:
     """Sync mixin: iterate the inner stream, feed the meter, settle at the end or on close."""
 
-    def __init__(self, inner: _SyncInner, meter: Meter, settle: Settle) -> None:
+    def __init__(self, inner: _InnerStream, meter: Meter, settle: Settle) -> None:
         self._inner = inner
         self._meter = meter
         self._settle = settle
@@ -67,7 +67,7 @@ class MeteredStream:
 class AsyncMeteredStream:
     """Async mixin: the same as ``MeteredStream`` with ``async for`` and ``aclose``."""
 
-    def __init__(self, inner: _AsyncInner, meter: Meter, settle: ASettle) -> None:
+    def __init__(self, inner: _AsyncInnerStream, meter: Meter, settle: ASettle) -> None:
         self._inner = inner
         self._meter = meter
         self._settle = settle

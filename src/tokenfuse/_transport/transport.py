@@ -1,50 +1,45 @@
 """``FuseTransport`` and ``AsyncFuseTransport``: count LLM tokens on outbound httpx calls.
 
-One call costs at most two store round trips: the gate before sending (is the key open?) and
-the record after the response (add its tokens; this may open the key for the next call). A
-refused call raises before a byte leaves the process; a call whose usage trips the key still
-returns its (already paid for) response. Responses that carry no countable usage skip the
-record.
+One call goes through five steps, each in one place: **identify** the key it spends for
+(``identity.KeyResolver``), **gate** it (``Fuse.gate``; a refusal raises before a byte leaves
+the process, ``refusal.raise_if_refused``), **send** it (the inner transport), **meter** the
+response (``meter.Metering``: the usage side picks its reader, the report goes in its
+extensions) and **settle** the usage (``_settle``: the amount is recorded once the body is read,
+at once or when a stream ends or closes). So a call costs at most two store round trips, and a
+call whose usage trips the key still returns its (already paid for) response. Responses that
+carry no countable usage skip the record.
 
 Both classes work inside ``httpx`` 0.28 and ``httpx2`` 2.x clients: the library is taken from
 the request, and its default transport is built on first use when no ``inner`` is given.
-The logic is shared (``_Guard`` and ``Meter``, no I/O); the two classes differ only where they
-call the inner transport and the store.
+They differ only where they do I/O: the inner transport and the store.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import ConfigurationError
 from .._events import logger
-from .._fuse import Decision, Fuse, default_fuse
-from .._identity import Identity
-from .._usage import ExtractorRegistry, UsageReader, default_registry
-from .._usage.registry import ResponseHead
-from .compat import Flavor, body_if_read, flavor_of, header_dict
-from .identity import Identify, KeyOption
-from .meter import FuseReport, Meter
-from .refusal import for_sdks
+from .._fuse import Fuse, default_fuse
+from .._usage import ExtractorRegistry
+from .compat import Flavor, flavor_of
+from .identity import KeyOption, KeyResolver
+from .meter import Meter, Metering
+from .refusal import raise_if_refused
 from .stream import async_stream_type, sync_stream_type
 
-__all__ = ["EXTENSION", "AsyncFuseTransport", "FuseTransport"]
-
-#: The key of the ``FuseReport`` in ``response.extensions`` (and of per-request options in
-#: ``request.extensions``: ``{"tokenfuse": {"key": "agent-7"}}``).
-EXTENSION = "tokenfuse"
+__all__ = ["AsyncFuseTransport", "FuseTransport"]
 
 
-class _SyncInner(Protocol):
+class _InnerTransport(Protocol):
     def handle_request(self, request: Any) -> Any: ...
 
     def close(self) -> None: ...
 
 
-class _AsyncInner(Protocol):
+class _AsyncInnerTransport(Protocol):
     async def handle_async_request(self, request: Any) -> Any: ...
 
     async def aclose(self) -> None: ...
@@ -68,119 +63,20 @@ else:
     _SyncBase = _AsyncBase = object
 
 
-class _WithoutEncoding(Mapping[str, str]):
-    """Response headers without ``content-encoding``: for a body the client already decoded."""
-
-    __slots__ = ("_headers",)
-
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        self._headers = headers
-
-    def __getitem__(self, name: str) -> str:
-        if name.lower() == "content-encoding":
-            raise KeyError(name)
-        return self._headers[name]
-
-    def __iter__(self) -> Any:
-        return (name for name in self._headers if name.lower() != "content-encoding")
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-class _Guard:
-    """What both transports share: identity, gate verdicts, readers, reports."""
-
-    __slots__ = ("_reader_for_head", "estimate", "fuse", "identify", "registry")
-
-    def __init__(
-        self,
-        fuse: Fuse | None,
-        key: KeyOption,
-        registry: ExtractorRegistry | None,
-        estimate: bool,
-        *,
-        sync: bool,
-    ) -> None:
-        fuse = fuse if fuse is not None else default_fuse()
-        if sync and not fuse.has_sync:
-            raise ConfigurationError(
-                f"{fuse.store!r} is async-only: use AsyncFuseTransport with an async client"
-            )
-        if not sync and not fuse.has_async:
-            raise ConfigurationError(
-                f"{fuse.store!r} is sync-only: use FuseTransport with a sync client"
-            )
-        if fuse.velocity is None:
-            raise ConfigurationError("FuseTransport needs a fuse with a velocity policy")
-        self.fuse = fuse
-        self.identify = Identify(key)
-        self.registry = registry if registry is not None else default_registry
-        self.estimate = estimate
-        # An ExtractorRegistry (not one that overrides `reader_for`) is handed a light
-        # `ResponseHead` made from the parsed request; any other registry gets `reader_for`.
-        self._reader_for_head: Callable[[ResponseHead], UsageReader | None] | None = None
-        kind = type(self.registry)
-        if issubclass(kind, ExtractorRegistry) and kind.reader_for is ExtractorRegistry.reader_for:
-            self._reader_for_head = self.registry.reader_for_head
-
-    @staticmethod
-    def check(decision: Decision) -> None:
-        """Raise the gate's refusal, in a form the loaded SDKs let through unwrapped."""
-        error = decision.error
-        if not decision.allowed and error is not None:
-            raise for_sdks(error)
-
-    def meter(
-        self, request: Any, response: Any, identity: Identity, gate: Decision
-    ) -> tuple[Meter, bytes | None]:
-        """The meter of one response, reported in its extensions, and its body if already read.
-
-        A response can come back from the inner transport already read (``MockTransport`` with
-        ``content=``, a caching transport): the client will not iterate its stream, so the
-        body is read from memory, where it is already decoded.
-        """
-        report = FuseReport(identity, gate)
-        body = body_if_read(response)
-        meter = Meter(identity, report, None)
-        try:
-            meter.read_with(self._reader(request, response, decoded=body is not None))
-        except Exception as exc:  # a custom registry: its failure must not break the call
-            meter.fail(exc)
-        response.extensions[EXTENSION] = report
-        return meter, body
-
-    def _reader(self, request: Any, response: Any, *, decoded: bool) -> UsageReader | None:
-        # `decoded`: the client already decoded the body, so its content-encoding is no more.
-        if self._reader_for_head is None:
-            headers = response.headers
-            return self.registry.reader_for(
-                method=request.method,
-                url=str(request.url),
-                status_code=response.status_code,
-                request_headers=request.headers,
-                response_headers=_WithoutEncoding(headers) if decoded else headers,
-                estimate=self.estimate,
-            )
-        headers = header_dict(response.headers)
-        if decoded:
-            headers.pop("content-encoding", None)
-        url = request.url
-        try:
-            head = ResponseHead(
-                method=request.method.upper(),
-                url=url,
-                host=url.raw_host.decode("ascii").lower(),  # as `urlsplit(...).hostname`
-                # Still %-encoded, as sent; "/" for an empty path (no route tells them apart).
-                path=url.raw_path.decode("ascii").partition("?")[0],
-                status_code=int(response.status_code),
-                request_headers=request.headers,
-                response_headers=headers,
-                estimate=self.estimate,
-            )
-        except Exception:
-            return None  # as `reader_for` does with a response it cannot describe
-        return self._reader_for_head(head)
+def _serving_fuse(fuse: Fuse | None, *, sync: bool) -> Fuse:
+    """``fuse`` (default: ``default_fuse()``), once it is known to serve this transport's face."""
+    fuse = fuse if fuse is not None else default_fuse()
+    if sync and not fuse.has_sync:
+        raise ConfigurationError(
+            f"{fuse.store!r} is async-only: use AsyncFuseTransport with an async client"
+        )
+    if not sync and not fuse.has_async:
+        raise ConfigurationError(
+            f"{fuse.store!r} is sync-only: use FuseTransport with a sync client"
+        )
+    if fuse.velocity is None:
+        raise ConfigurationError("FuseTransport needs a fuse with a velocity policy")
+    return fuse
 
 
 def _record_failed(exc: Exception) -> None:
@@ -215,17 +111,18 @@ class FuseTransport(_SyncBase):
 
     def __init__(
         self,
-        inner: _SyncInner | None = None,
+        inner: _InnerTransport | None = None,
         *,
         fuse: Fuse | None = None,
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
     ) -> None:
-        self._guard = _Guard(fuse, key, registry, estimate, sync=True)
-        self.fuse = self._guard.fuse
+        self.fuse = _serving_fuse(fuse, sync=True)
+        self._identify = KeyResolver(key)
+        self._metering = Metering(registry, estimate)
         self._inner = inner
-        self._made: dict[str, _SyncInner] = {}
+        self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
 
     def __enter__(self) -> FuseTransport:
@@ -241,18 +138,15 @@ class FuseTransport(_SyncBase):
 
     def handle_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
-        guard = self._guard
-        identity = guard.identify(request)
+        identity = self._identify(request)
         gate = self.fuse.gate(identity)
-        guard.check(gate)
+        raise_if_refused(gate)
         response = self._inner_for(flavor).handle_request(request)
-        meter, body = guard.meter(request, response, identity, gate)
-        if body is not None or not meter.reading:
-            if body is not None:
-                meter.feed(body)
-            self._settle(meter, True)
-        else:
+        meter = self._metering.start(request, response, identity, gate)
+        if meter.streaming:
             response.stream = sync_stream_type(flavor)(response.stream, meter, self._settle)
+        else:
+            self._settle(meter, True)
         return response
 
     def close(self) -> None:
@@ -261,7 +155,7 @@ class FuseTransport(_SyncBase):
         for made in self._made.values():
             made.close()
 
-    def _inner_for(self, flavor: Flavor) -> _SyncInner:
+    def _inner_for(self, flavor: Flavor) -> _InnerTransport:
         if self._inner is not None:
             return self._inner
         made = self._made.get(flavor.name)
@@ -277,11 +171,9 @@ class FuseTransport(_SyncBase):
         if amount is None:
             return
         try:
-            decision = self.fuse.record(meter.identity, amount)
+            meter.report.record = self.fuse.record(meter.identity, amount)
         except Exception as exc:
             _record_failed(exc)
-            return
-        meter.recorded(decision)
 
 
 class AsyncFuseTransport(_AsyncBase):
@@ -295,17 +187,18 @@ class AsyncFuseTransport(_AsyncBase):
 
     def __init__(
         self,
-        inner: _AsyncInner | None = None,
+        inner: _AsyncInnerTransport | None = None,
         *,
         fuse: Fuse | None = None,
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
     ) -> None:
-        self._guard = _Guard(fuse, key, registry, estimate, sync=False)
-        self.fuse = self._guard.fuse
+        self.fuse = _serving_fuse(fuse, sync=False)
+        self._identify = KeyResolver(key)
+        self._metering = Metering(registry, estimate)
         self._inner = inner
-        self._made: dict[str, _AsyncInner] = {}
+        self._made: dict[str, _AsyncInnerTransport] = {}
 
     async def __aenter__(self) -> AsyncFuseTransport:
         return self
@@ -320,18 +213,15 @@ class AsyncFuseTransport(_AsyncBase):
 
     async def handle_async_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
-        guard = self._guard
-        identity = guard.identify(request)
+        identity = self._identify(request)
         gate = await self.fuse.agate(identity)
-        guard.check(gate)
+        raise_if_refused(gate)
         response = await self._inner_for(flavor).handle_async_request(request)
-        meter, body = guard.meter(request, response, identity, gate)
-        if body is not None or not meter.reading:
-            if body is not None:
-                meter.feed(body)
-            await self._settle(meter, True)
-        else:
+        meter = self._metering.start(request, response, identity, gate)
+        if meter.streaming:
             response.stream = async_stream_type(flavor)(response.stream, meter, self._settle)
+        else:
+            await self._settle(meter, True)
         return response
 
     async def aclose(self) -> None:
@@ -340,7 +230,7 @@ class AsyncFuseTransport(_AsyncBase):
         for made in self._made.values():
             await made.aclose()
 
-    def _inner_for(self, flavor: Flavor) -> _AsyncInner:
+    def _inner_for(self, flavor: Flavor) -> _AsyncInnerTransport:
         if self._inner is not None:
             return self._inner
         made = self._made.get(flavor.name)
@@ -354,8 +244,6 @@ class AsyncFuseTransport(_AsyncBase):
         if amount is None:
             return
         try:
-            decision = await self.fuse.arecord(meter.identity, amount)
+            meter.report.record = await self.fuse.arecord(meter.identity, amount)
         except Exception as exc:
             _record_failed(exc)
-            return
-        meter.recorded(decision)

@@ -1,16 +1,19 @@
 """Token usage extraction from LLM responses: pure, incremental, no I/O.
 
-The transport asks the registry for a reader once the response headers are known, feeds it
-every raw body chunk as it passes (still compressed: the reader decodes its own copy), and asks
-for the result when the body ends or is closed::
+An HTTP client describes each response once its headers are known, asks for its reader, feeds
+it every raw body chunk as it passes (still compressed: the reader decodes its own copy), and
+asks for the result when the body ends or is closed::
 
-    reader = default_registry.reader_for(
-        method=request.method, url=str(request.url), status_code=response.status_code,
-        request_headers=request.headers, response_headers=response.headers, estimate=False)
+    reader = reader_for_response(ResponseHead(
+        method="POST", url="https://api.openai.com/v1/chat/completions",
+        host="api.openai.com", path="/v1/chat/completions", status_code=200,
+        request_headers={}, response_headers={"content-type": "text/event-stream"}), registry)
     if reader is not None:          # None: not an LLM call worth counting
         for chunk in raw_chunks:
             reader.feed(chunk)      # never raises, never delays the chunk
         usage = reader.finish(complete=reached_end_of_body)   # never raises
+
+``ExtractorRegistry.reader_for`` does the same from the response's parts, normalising them.
 
 `Usage.total` is None when unknown (with `problem` saying why), never silently 0; a 0 comes
 only with `counts_nothing=True` (count-tokens endpoints, GET retrievals, error responses).
@@ -31,16 +34,24 @@ For anything else, implement `UsageReader` (``feed(chunk)``, ``finish(*, complet
 exceptions from custom extractors and readers are contained (the response reads as unknown).
 """
 
-from .model import ResponseInfo, Usage, UsageReader, UsageShape
-from .registry import Extractor, ExtractorRegistry, ShapeExtractor, default_registry
+from .model import ResponseHead, ResponseInfo, Usage, UsageReader, UsageShape
+from .registry import (
+    Extractor,
+    ExtractorRegistry,
+    ShapeExtractor,
+    default_registry,
+    reader_for_response,
+)
 
 __all__ = [
     "Extractor",
     "ExtractorRegistry",
+    "ResponseHead",
     "ResponseInfo",
     "ShapeExtractor",
     "Usage",
     "UsageReader",
     "UsageShape",
     "default_registry",
+    "reader_for_response",
 ]

@@ -1,8 +1,11 @@
-"""What a reader reports (`Usage`), what a provider looks like (`UsageShape`), and counts.
+"""The usage side's values: `Usage`, `UsageShape`, what a response looks like, and counts.
 
 A provider is described by data, not code: where its usage object sits in a payload, which
 fields add up to input and output, and which field (if any) is the provider's own total. Every
 reader applies the same combine rule to that table (see `UsageShape`).
+
+A response arrives as a `ResponseHead` (what an HTTP client hands over); registered extractors
+see it as a `ResponseInfo` (normalised, with the query and the request headers).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 # No single call reports a trillion tokens; a bigger number is corruption, not usage.
 MAX_COUNT = 1e12
@@ -119,8 +123,8 @@ class UsageShape:
 
 
 class ResponseFacts:
-    """What the built-in readers look at in a response: `ResponseInfo`, or the transport's
-    lighter `ResponseHead` (header lookups by lower-case name)."""
+    """What the built-in readers look at in a response, whichever way it was described:
+    `ResponseHead` (as an HTTP client hands it over) or `ResponseInfo` (as extractors see it)."""
 
     __slots__ = ()
 
@@ -128,7 +132,7 @@ class ResponseFacts:
     host: str  # lower-case, without port
     path: str
     status_code: int
-    response_headers: Mapping[str, str]
+    response_headers: Mapping[str, str]  # answers lookups by lower-case name
     estimate: bool
 
     @property
@@ -144,6 +148,10 @@ class ResponseFacts:
     def ok(self) -> bool:
         return 200 <= self.status_code < 300
 
+    def describe(self) -> ResponseInfo:
+        """This response as registered extractors see it."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True, slots=True)
 class ResponseInfo(ResponseFacts):
@@ -158,6 +166,97 @@ class ResponseInfo(ResponseFacts):
     request_headers: Mapping[str, str]
     response_headers: Mapping[str, str]
     estimate: bool = False
+
+    def describe(self) -> ResponseInfo:
+        return self
+
+
+def _lower(headers: Mapping[str, str] | None) -> dict[str, str]:
+    # httpx.Headers is case-insensitive, a plain dict is not: normalise both.
+    return {str(k).lower(): str(v) for k, v in headers.items()} if headers else {}
+
+
+def response_info(
+    *,
+    method: str,
+    url: str,
+    status_code: int,
+    request_headers: Mapping[str, str] | None,
+    response_headers: Mapping[str, str],
+    estimate: bool = False,
+) -> ResponseInfo:
+    """A `ResponseInfo` from a response's parts, normalised (raises on parts it cannot read)."""
+    parts = urlsplit(str(url))
+    return ResponseInfo(
+        method=str(method).upper(),
+        url=str(url),
+        host=(parts.hostname or "").lower(),
+        path=parts.path,
+        query=parts.query,
+        status_code=int(status_code),
+        request_headers=_lower(request_headers),
+        response_headers=_lower(response_headers),
+        estimate=bool(estimate),
+    )
+
+
+class ResponseHead(ResponseFacts):
+    """One response, before its body, as an HTTP client that has parsed it describes it.
+
+    What `reader_for_response` takes. Only what the built-in readers look at is needed in
+    normalised form, so that the client can pass what it already holds: no URL string is built
+    and split again, and the request headers are not copied. `describe` makes the full
+    `ResponseInfo` when registered extractors need it.
+
+    >>> head = ResponseHead(
+    ...     method="POST", url="https://api.openai.com/v1/chat/completions",
+    ...     host="api.openai.com", path="/v1/chat/completions", status_code=200,
+    ...     request_headers={}, response_headers={"content-type": "application/json"})
+    >>> head.content_type
+    'application/json'
+    """
+
+    __slots__ = (
+        "estimate",
+        "host",
+        "method",
+        "path",
+        "request_headers",
+        "response_headers",
+        "status_code",
+        "url",
+    )
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        url: object,
+        host: str,
+        path: str,
+        status_code: int,
+        request_headers: Mapping[str, str] | None,
+        response_headers: Mapping[str, str],
+        estimate: bool = False,
+    ) -> None:
+        self.method = method  # upper-case
+        self.url = url  # anything whose str() is the URL (an httpx URL)
+        self.host = host  # lower-case, without port
+        self.path = path  # as sent, still %-encoded
+        self.status_code = status_code
+        self.request_headers = request_headers
+        self.response_headers = response_headers  # names in lower case
+        self.estimate = estimate
+
+    def describe(self) -> ResponseInfo:
+        return response_info(
+            method=self.method,
+            url=str(self.url),
+            status_code=self.status_code,
+            request_headers=self.request_headers,
+            response_headers=self.response_headers,
+            estimate=self.estimate,
+        )
 
 
 class UsageReader(Protocol):

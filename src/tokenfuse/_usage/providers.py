@@ -1,7 +1,8 @@
 """The built-in providers: one `UsageShape` row each, and the endpoints that route to them.
 
-Field names and totals follow /work/shared/reference/usage-formats.md and the SDK types:
-`*_details` objects are subsets of their parents and never added.
+Where each provider reports its usage, and why these fields and totals, is in
+``docs/usage-formats.md``; the SDK types agree. `*_details` objects are subsets of their
+parents and never added.
 """
 
 from __future__ import annotations

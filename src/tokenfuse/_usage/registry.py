@@ -1,13 +1,15 @@
-"""Choosing a reader for a response: user extractors first, then the built-in providers."""
+"""Choosing a reader for a response: user extractors first, then the built-in providers.
+
+`reader_for_response` is the entry an HTTP client (the transport) calls, once per response.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Protocol
-from urllib.parse import urlsplit
 
-from .model import ResponseFacts, ResponseInfo, UsageReader, UsageShape
+from .model import ResponseFacts, ResponseHead, ResponseInfo, UsageReader, UsageShape, response_info
 from .providers import builtin_reader
 from .readers import GuardedReader, endpoint_reader
 
@@ -53,86 +55,6 @@ class ShapeExtractor:
         return endpoint_reader(info, self.shape, self.provider)
 
 
-def _lower(headers: Mapping[str, str] | None) -> dict[str, str]:
-    # httpx.Headers is case-insensitive, a plain dict is not: normalise both.
-    return {str(k).lower(): str(v) for k, v in headers.items()} if headers else {}
-
-
-def response_info(
-    *,
-    method: str,
-    url: str,
-    status_code: int,
-    request_headers: Mapping[str, str] | None,
-    response_headers: Mapping[str, str],
-    estimate: bool = False,
-) -> ResponseInfo:
-    parts = urlsplit(str(url))
-    return ResponseInfo(
-        method=str(method).upper(),
-        url=str(url),
-        host=(parts.hostname or "").lower(),
-        path=parts.path,
-        query=parts.query,
-        status_code=int(status_code),
-        request_headers=_lower(request_headers),
-        response_headers=_lower(response_headers),
-        estimate=bool(estimate),
-    )
-
-
-class ResponseHead(ResponseFacts):
-    """A response as the built-in readers see it, for a caller on a hot path (the transport).
-
-    Only what they look at, taken from what the caller has already parsed: no URL string is
-    built and split again, and the request headers (which no built-in reads) are not copied.
-    ``response_headers`` must answer lookups by lower-case name. `describe` makes the full
-    `ResponseInfo`, normalised as `reader_for` does, for registered extractors.
-    """
-
-    __slots__ = (
-        "estimate",
-        "host",
-        "method",
-        "path",
-        "request_headers",
-        "response_headers",
-        "status_code",
-        "url",
-    )
-
-    def __init__(
-        self,
-        *,
-        method: str,
-        url: object,
-        host: str,
-        path: str,
-        status_code: int,
-        request_headers: Mapping[str, str] | None,
-        response_headers: Mapping[str, str],
-        estimate: bool,
-    ) -> None:
-        self.method = method  # upper-case
-        self.url = url  # anything whose str() is the URL (an httpx URL)
-        self.host = host  # lower-case, without port
-        self.path = path  # as sent, still %-encoded
-        self.status_code = status_code
-        self.request_headers = request_headers
-        self.response_headers = response_headers
-        self.estimate = estimate
-
-    def describe(self) -> ResponseInfo:
-        return response_info(
-            method=self.method,
-            url=str(self.url),
-            status_code=self.status_code,
-            request_headers=self.request_headers,
-            response_headers=self.response_headers,
-            estimate=self.estimate,
-        )
-
-
 class ExtractorRegistry:
     """Picks the usage reader for each response.
 
@@ -174,36 +96,78 @@ class ExtractorRegistry:
             )
         except Exception:
             return None
-        return self.reader_for_info(info)
+        return self._reader(info)
 
-    def reader_for_head(self, head: ResponseHead) -> UsageReader | None:
-        """`reader_for` for a response described by a `ResponseHead`. The built-ins read the
-        head as it is; the full `ResponseInfo` is made only when extractors are registered."""
+    def _reader(self, response: ResponseFacts) -> UsageReader | None:
+        # The registered extractors see the response as a `ResponseInfo`, made only when there
+        # are any; the built-ins read whichever description they are handed.
         if self._extractors:
             try:
-                info = head.describe()
+                response = response.describe()
             except Exception:
                 return None
-            return self.reader_for_info(info)
+            for extractor in tuple(self._extractors):
+                try:
+                    reader = extractor.reader_for(response)
+                except Exception:
+                    continue
+                if reader is not None:
+                    return GuardedReader(reader)
         try:
-            return builtin_reader(head)
-        except Exception:
-            return None
-
-    def reader_for_info(self, info: ResponseInfo) -> UsageReader | None:
-        """`reader_for` with the response already described: the extractors, then the
-        built-ins."""
-        for extractor in tuple(self._extractors):
-            try:
-                reader = extractor.reader_for(info)
-            except Exception:
-                continue
-            if reader is not None:
-                return GuardedReader(reader)
-        try:
-            return builtin_reader(info)
+            return builtin_reader(response)
         except Exception:
             return None
 
 
 default_registry = ExtractorRegistry()
+
+
+def reader_for_response(
+    response: ResponseHead, registry: ExtractorRegistry = default_registry
+) -> UsageReader | None:
+    """The usage reader for one response, or None when it is not an LLM call worth counting.
+
+    The one entry for an HTTP client, called once per response before its body: feed the
+    reader every raw body chunk, then ``finish``. The reader never raises. A registry that
+    overrides ``reader_for`` is asked through it (its exceptions propagate: they are the
+    caller's to contain), and the reader it returns is guarded like an extractor's.
+
+    >>> reader = reader_for_response(ResponseHead(
+    ...     method="POST", url="https://api.openai.com/v1/chat/completions",
+    ...     host="api.openai.com", path="/v1/chat/completions", status_code=200,
+    ...     request_headers={}, response_headers={"content-type": "application/json"}))
+    >>> reader.feed(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}')
+    >>> reader.finish(complete=True).total
+    7.0
+    """
+    # A registry that only holds extractors reads `response` as it is; one that overrides
+    # `reader_for` (or any object with that method) is asked through it, with the parts.
+    if getattr(type(registry), "reader_for", None) is ExtractorRegistry.reader_for:
+        return registry._reader(response)
+    reader = registry.reader_for(
+        method=response.method,
+        url=str(response.url),
+        status_code=response.status_code,
+        request_headers=response.request_headers,
+        response_headers=_AnyCase(response.response_headers),
+        estimate=response.estimate,
+    )
+    return None if reader is None else GuardedReader(reader)
+
+
+class _AnyCase(Mapping[str, str]):
+    """Lower-case headers that answer lookups in any case, as an HTTP client's headers do."""
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers = headers
+
+    def __getitem__(self, name: str) -> str:
+        return self._headers[name.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers)
+
+    def __len__(self) -> int:
+        return len(self._headers)

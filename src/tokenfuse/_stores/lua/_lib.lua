@@ -13,25 +13,18 @@ the constants below into the code as literals (keep each one 'local NAME = <lite
 own line) and keeps only the top-level definitions an operation uses. Keep every definition
 a top-level 'local' statement.
 
-State. Each identity is one string key, <prefix>:{<key>}, holding the core's state objects
-as little-endian IEEE doubles (struct.pack): a velocity block, then a bucket block, each only
-when the identity has that state, so the string is 696 (velocity only), 64 (bucket only) or
-760 bytes (both) long, and its length says which blocks it holds:
+State. Each identity is one string, <prefix>:{<key>}, written with its TTL by one SET ... PX:
+a velocity block, then a bucket block, each only when the identity has that state, of
+little-endian doubles in this order (the layout table is in redis_codec.py, the reasons for
+it in docs/design.md#state-layout); load_velocity, load_bucket and save follow it:
 
   velocity block (87 doubles): first_seen, open_until, head, minute_head, baseline, calls,
     weight, samples, learned_at, discard_through, strikes, last_trip, trip_reason, trip_rate,
     trip_limit, trip_baseline, trip_window, early_level, early_at, early_since, early_amount,
     excused_slot, excused_amount, amounts[0..12], largest[0..12], minute_amounts[0..10],
-    minute_largest[0..10], minute_calls[0..10], profile[0..3], limit_override (-1 = none)
-  bucket block (8 doubles): tokens, updated, use_minute, use_amount, hot_since, alerted (0/1),
-    capacity_override, rate_override (-1 = none)
-
-So a decision is TIME, GET and one SET ... PX ttl (the write and the TTL in one call): every
-redis.call costs a few microseconds of fixed overhead, more than the command itself. Packed
-doubles are exact and cost one C call each way; 90-odd separate text fields would cost a Lua
-string and a tonumber each, more than all the rest of a decision (measured). The live
-overrides live in the blocks too, so every process reads them with its next decision; they
-are set with RedisStore.configure (not with a raw redis-cli HSET any more).
+    minute_largest[0..10], minute_calls[0..10], profile[0..3], limit_override
+  bucket block (8 doubles): tokens, updated, use_minute, use_amount, hot_since, alerted,
+    capacity_override, rate_override
 
 Replies are text, so that clients with decode_responses=True work: numbers with %.17g (exact;
 Redis would truncate a Lua number to an integer), None as 'nan'.

@@ -1,6 +1,6 @@
 --[[
 configure.lua: set or clear the key's live overrides, read by every process with its next
-decision (MemoryStore.configure).
+decision (ops.Configure).
 
 KEYS[1]  the identity's state string  <prefix>:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME

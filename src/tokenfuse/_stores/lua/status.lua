@@ -2,14 +2,14 @@
 status.lua: read the key's whole state, changing nothing.
 
 The view itself (rate over the window, established baseline, bucket level) is computed by the
-Python core from these numbers (velocity.snapshot, bucket.level), so it cannot drift from it.
+Python core from these numbers (status.status_of), so it cannot drift from it.
 
 KEYS[1]  the identity's state string  <prefix>:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME
 
-Returns {now, velocity block, bucket block}: each block's doubles in the order of _lib.lua
-(the state, then its overrides, -1 = none) as space-separated %.17g text, so that clients
-with decode_responses=True work too; '' when the key has no such block.
+Returns {now, velocity block, bucket block}: each block's doubles in their stored order (the
+state, then its overrides, -1 = none; redis_codec.py's layout) as space-separated %.17g text,
+so that clients with decode_responses=True work too; '' when the key has no such block.
 --]]
 
 local function numbers(count, ...) -- the first count values (struct.unpack adds one more)

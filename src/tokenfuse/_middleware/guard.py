@@ -1,0 +1,204 @@
+"""Inbound: the protocol-free half of the middleware — what to check, and what to answer.
+
+``InboundGuard`` turns a request into a ``Plan`` (who, which tier, what cost), a ``Decision``
+into an ``Outcome`` (headers for the response and, counting tokens, the request's ``Report``;
+or a refusal), and a finished ``Report`` into a record in the store. The ASGI and WSGI shells
+only carry these through their protocols and make the store calls (``Plan.aadmit`` or
+``Plan.admit``, ``arecord`` or ``record``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from time import monotonic
+
+from .._core.bucket import BucketPolicy
+from .._errors import ConfigurationError, FuseTripped, StoreUnavailable
+from .._fuse import Decision, Fuse
+from .._identity import Identity
+from .defaults import default_inbound_fuse
+from .identify import ANONYMOUS, bearer_or_api_key
+from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tiers_rule
+from .reply import Headers, Reply, delay_seconds, rate_limit_headers, refused
+from .report import DECISION_KEY, REPORT_KEY, Report
+from .request import RequestView
+
+__all__ = ["InboundGuard", "Outcome", "Plan"]
+
+logger = logging.getLogger("tokenfuse.middleware")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one guarded request will be checked for."""
+
+    fuse: Fuse
+    identity: Identity
+    bucket: BucketPolicy | None  # the caller's tier, None for the fuse's own bucket
+    cost: float
+    amount: float  # recorded into the velocity window at admission (0 with count="tokens")
+
+    def admit(self) -> Decision:
+        return self.fuse.admit(
+            self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
+        )
+
+    async def aadmit(self) -> Decision:
+        return await self.fuse.aadmit(
+            self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """``reply`` set: refuse with it. Otherwise call the app, add ``headers`` to its response,
+    and (``count="tokens"``) keep ``report`` active while it runs."""
+
+    reply: Reply | None
+    headers: Headers = ()
+    report: Report | None = None
+
+
+class _Throttle:
+    """At most one log line per ``interval`` seconds, counting the lines it held back: a
+    looping agent in shadow mode must not turn the log into a copy of the access log."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._next = 0.0
+        self._held = 0
+
+    def take(self) -> int | None:
+        """None: hold this line back. Otherwise log it, with this many held back before it."""
+        now = monotonic()
+        if now < self._next:
+            self._held += 1
+            return None
+        self._next = now + self.interval
+        held, self._held = self._held, 0
+        return held
+
+
+class InboundGuard:
+    """The options of one ``TokenFuse`` / ``TokenFuseWSGI``, checked once, applied per request.
+
+    Holds configuration and caches only: nothing about any one request is kept here.
+
+    >>> guard = InboundGuard(InboundOptions(exclude=["/health"]))
+    >>> from tokenfuse._middleware.request import AsgiRequest
+    >>> guard.plan(AsgiRequest({"path": "/health"})) is None
+    True
+    """
+
+    def __init__(self, options: InboundOptions) -> None:
+        self.fuse = options.fuse if options.fuse is not None else default_inbound_fuse()
+        if options.count == "tokens" and self.fuse.velocity is None:
+            raise ConfigurationError("count='tokens' needs a fuse with a velocity policy")
+        self.anonymous = options.anonymous
+        self.count = options.count
+        self.shadow = bool(options.shadow)
+        self.refusal = options.refusal
+        self.policy_name = options.policy_name
+        #: The tokens response header, lower-cased: the shells strip it from responses.
+        self.tokens_header = options.tokens_header.lower()
+        identify = options.identify if options.identify is not None else bearer_or_api_key
+        self._identify = identify_rule(identify)
+        self._cost_of = cost_rule(options.cost)
+        self._excluded = exclude_rule(options.exclude)
+        self._tier_of = tiers_rule(options.tiers)
+        self._shadow_log = _Throttle(1.0)
+
+    # -- per request -------------------------------------------------------------------------
+
+    def plan(self, request: RequestView) -> Plan | None:
+        """What to check for this request; None when it is not guarded."""
+        if self._excluded(request):
+            return None
+        identity = self._identify(request)
+        if identity is None:
+            if self.anonymous == "allow":
+                return None
+            identity = ANONYMOUS
+        amount = 1.0 if self.count == "calls" else 0.0
+        tier = self._tier_of(request, identity)
+        return Plan(self.fuse, identity, tier, self._cost_of(request), amount)
+
+    def settle(self, plan: Plan, decision: Decision, request: RequestView) -> Outcome:
+        """Headers for an allowed call, or the refusal (none of either when failing open).
+
+        The decision is filed in the scope / environ under ``DECISION_KEY``, and a call that
+        goes ahead while counting tokens gets its ``Report`` there, under ``REPORT_KEY``.
+        """
+        request.raw[DECISION_KEY] = decision
+        if decision.degraded:
+            return self._go_ahead(request, ())
+        error = decision.error
+        if decision.allowed or error is None:
+            return self._go_ahead(request, self._rate_headers(plan, decision, None))
+        retry = delay_seconds(error.retry_after)
+        headers = self._rate_headers(plan, decision, retry)
+        if self.shadow:
+            self._log_shadow(request, error)
+            return self._go_ahead(request, headers)
+        headers = (("Retry-After", str(retry)), *headers)
+        if self.refusal is not None:
+            return Outcome(self.refusal(error, request).with_defaults(headers))
+        return Outcome(refused(error, headers))
+
+    def record(self, plan: Plan, report: Report) -> None:
+        """Record what the handler reported, once the response is complete."""
+        if (total := report.total) > 0:
+            try:
+                plan.fuse.record(plan.identity, total)
+            except StoreUnavailable:
+                _not_recorded(total)
+
+    async def arecord(self, plan: Plan, report: Report) -> None:
+        """``record`` for the ASGI shell."""
+        if (total := report.total) > 0:
+            try:
+                await plan.fuse.arecord(plan.identity, total)
+            except StoreUnavailable:
+                _not_recorded(total)
+
+    # -- machinery -----------------------------------------------------------------------------
+
+    def _go_ahead(self, request: RequestView, headers: Headers) -> Outcome:
+        if self.count != "tokens":
+            return Outcome(None, headers)
+        report = Report()
+        request.raw[REPORT_KEY] = report
+        return Outcome(None, headers, report)
+
+    def _log_shadow(self, request: RequestView, error: FuseTripped) -> None:
+        held = self._shadow_log.take()
+        if held is not None:
+            logger.warning(
+                "tokenfuse shadow mode, would refuse %s %s: %s (%s)%s",
+                request.method, request.path, error.reason, error,
+                f"; {held} more held back" if held else "",
+            )  # fmt: skip
+
+    def _rate_headers(self, plan: Plan, decision: Decision, retry: int | None) -> Headers:
+        verdict = decision.bucket
+        if verdict is not None:
+            capacity, rate, remaining = verdict.capacity, verdict.rate, verdict.remaining
+        elif (plan.bucket or plan.fuse.bucket) is not None and retry is not None:
+            # The velocity latch refused before the bucket was consulted.
+            bucket = plan.bucket or plan.fuse.bucket
+            assert bucket is not None
+            capacity, rate, remaining = bucket.capacity, bucket.rate, 0.0
+        else:
+            return ()
+        if retry is None:
+            window = delay_seconds((capacity - remaining) / rate) if remaining < capacity else 0
+        else:
+            window = retry
+            if decision.error is not None and decision.error.reason != "quota_exhausted":
+                remaining = 0.0
+        return rate_limit_headers(self.policy_name, capacity, rate, remaining, window)
+
+
+def _not_recorded(total: float) -> None:
+    logger.warning("tokenfuse: store unavailable, %g tokens not recorded", total)

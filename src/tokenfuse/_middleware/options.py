@@ -1,0 +1,225 @@
+"""Inbound: the middleware's options — declared, documented and checked in this one place.
+
+``InboundOptions`` lists them; ``TokenFuse`` and ``TokenFuseWSGI`` take them as keyword
+arguments after the app (``shell.py``). The ``*_rule`` functions turn each option that may be
+a callable, a mapping or a constant (``identify``, ``cost``, ``exclude``, ``tiers``) into one
+callable, refusing bad values at construction time. After that, a bad request or a broken
+user callable costs a fallback and one log line, never an exception in the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, ParamSpec, TypeVar
+
+from .._core.bucket import BucketPolicy
+from .._errors import ConfigurationError, FuseTripped
+from .._fuse import Fuse
+from .._identity import Identity
+from .identify import IdentifyRequest, resolve
+from .reply import Reply
+from .report import TOKENS_HEADER
+from .request import RequestView
+
+__all__ = [
+    "Anonymous",
+    "Cost",
+    "Count",
+    "Exclude",
+    "InboundOptions",
+    "Refusal",
+    "Tiers",
+    "cost_rule",
+    "exclude_rule",
+    "identify_rule",
+    "tiers_rule",
+]
+
+logger = logging.getLogger("tokenfuse.middleware")
+
+Count = Literal["calls", "tokens"]
+Anonymous = Literal["shared", "allow"]
+Cost = float | Mapping[str, float] | Callable[[RequestView], float]
+Tiers = Mapping[str, BucketPolicy] | Callable[[RequestView, Identity], BucketPolicy | None]
+Exclude = Iterable[str] | Callable[[RequestView], bool]
+Refusal = Callable[[FuseTripped, RequestView], Reply]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+_POLICY_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+# repr=False: ``tiers`` may be keyed by raw credentials, which must never be rendered.
+@dataclass(kw_only=True, eq=False, repr=False)
+class InboundOptions:
+    """The options of ``TokenFuse`` and ``TokenFuseWSGI`` (the same for both protocols).
+
+    >>> InboundOptions(cost={"/tools/refund": 5}, exclude=["/health"]).count
+    'calls'
+
+    Args:
+        fuse: the ``Fuse`` to decide with (``inbound_fuse(...)``); by default the process-wide
+            ``default_inbound_fuse()``: ``FREE`` bucket and ``CALL_VELOCITY`` on the
+            embedded store.
+        identify: ``request -> Identity | str | None``; default ``bearer_or_api_key``.
+        anonymous: requests without an identity share one ``anonymous`` identity
+            (``"shared"``, the default) or pass unguarded (``"allow"``).
+        cost: bucket cost per call: a number, ``{path prefix: cost}`` (longest prefix wins,
+            others cost 1), or ``request -> cost`` (an error or invalid value costs 1).
+        tiers: bucket policy per identity: ``{name or credential: BucketPolicy}`` or
+            ``(request, identity) -> BucketPolicy | None``. Live overrides
+            (``Fuse.set_bucket``) win over both.
+        count: what the velocity check counts: ``"calls"``, or ``"tokens"`` the handler
+            reports (``TokenFuse-Tokens`` response header or ``report_tokens``).
+        exclude: path prefixes (``["/health"]``) or ``request -> bool``: not guarded at all.
+        shadow: decide, log and send the headers, but never refuse.
+        refusal: ``(error, request) -> Reply`` to shape refusals; ``Retry-After`` and the
+            ``RateLimit`` headers are added unless the reply sets them.
+        policy_name: the policy's name in the ``RateLimit`` headers.
+        tokens_header: the response header a handler may report tokens in (stripped).
+    """
+
+    fuse: Fuse | None = None
+    identify: IdentifyRequest | None = None
+    anonymous: Anonymous = "shared"
+    cost: Cost = 1.0
+    tiers: Tiers | None = None
+    count: Count = "calls"
+    exclude: Exclude = ()
+    shadow: bool = False
+    refusal: Refusal | None = None
+    policy_name: str = "default"
+    tokens_header: str = TOKENS_HEADER
+
+    def __post_init__(self) -> None:
+        if self.anonymous not in ("shared", "allow"):
+            raise ConfigurationError(
+                f"anonymous must be 'shared' or 'allow', not {self.anonymous!r}"
+            )
+        if self.count not in ("calls", "tokens"):
+            raise ConfigurationError(f"count must be 'calls' or 'tokens', not {self.count!r}")
+        if not _POLICY_NAME.match(self.policy_name):
+            raise ConfigurationError(f"policy_name must match {_POLICY_NAME.pattern}")
+
+
+# -- the options that take several forms, normalized to one callable each ----------------------
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    """A broken option callable fails on every request: say so once, not per request."""
+    if what not in _warned:
+        _warned.add(what)
+        logger.warning("tokenfuse: %s raised; using the fallback", what, exc_info=exc)
+
+
+def _name(function: object) -> str:
+    return str(getattr(function, "__qualname__", None) or repr(function))
+
+
+def _guarded(function: Callable[P, R], what: str, check: Callable[[R | None], T]) -> Callable[P, T]:
+    """``function`` for per-request use: its result passed through ``check``; anything it
+    raises is logged once and answered with ``check(None)``, the option's fallback."""
+    name = f"{what} function {_name(function)}"
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return check(function(*args, **kwargs))
+        except Exception as exc:
+            _warn_once(name, exc)
+            return check(None)
+
+    return call
+
+
+def _under(path: str, prefix: str) -> bool:
+    """Segment-aware prefix: ``/tools`` covers ``/tools`` and ``/tools/x``, not ``/toolsx``."""
+    prefix = prefix.rstrip("/")
+    return path == prefix or path.startswith(prefix + "/") or not prefix
+
+
+def _valid_cost(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _checked_cost(value: object) -> float:
+    cost = _valid_cost(value)
+    if cost is None:
+        raise ConfigurationError(f"cost must be a finite, non-negative number, not {value!r}")
+    return cost
+
+
+def _cost_or_one(value: object) -> float:
+    cost = _valid_cost(value)
+    return 1.0 if cost is None else cost
+
+
+def identify_rule(identify: IdentifyRequest) -> Callable[[RequestView], Identity | None]:
+    """The ``identify`` option as ``request -> Identity | None``; an error is None ("nobody")."""
+    return _guarded(identify, "identify", resolve)
+
+
+def cost_rule(cost: Cost) -> Callable[[RequestView], float]:
+    """The ``cost`` option as ``request -> cost``; an error or invalid value costs 1."""
+    if callable(cost):
+        return _guarded(cost, "cost", _cost_or_one)
+    if isinstance(cost, Mapping):
+        routes = sorted(
+            ((path, _checked_cost(value)) for path, value in cost.items()),
+            key=lambda item: len(item[0]),
+            reverse=True,
+        )
+
+        def by_route(request: RequestView) -> float:
+            for prefix, value in routes:
+                if _under(request.path, prefix):
+                    return value
+            return 1.0
+
+        return by_route
+    fixed = _checked_cost(cost)
+    return lambda _request: fixed
+
+
+def exclude_rule(exclude: Exclude) -> Callable[[RequestView], bool]:
+    """The ``exclude`` option as ``request -> bool``; a broken predicate guards the request
+    (guarded is the safe side)."""
+    if callable(exclude):
+        return _guarded(exclude, "exclude", bool)
+    if isinstance(exclude, str):
+        raise ConfigurationError("exclude takes a list of paths, not one string")
+    prefixes = tuple(exclude)
+    if not prefixes:
+        return lambda _request: False
+    return lambda request: any(_under(request.path, prefix) for prefix in prefixes)
+
+
+def _policy_or_none(value: object) -> BucketPolicy | None:
+    return value if isinstance(value, BucketPolicy) else None
+
+
+def tiers_rule(tiers: Tiers | None) -> Callable[[RequestView, Identity], BucketPolicy | None]:
+    """The ``tiers`` option as ``(request, identity) -> BucketPolicy | None`` (None: the
+    fuse's own bucket); an error or a value that is not a ``BucketPolicy`` is None."""
+    if tiers is None:
+        return lambda _request, _identity: None
+    if callable(tiers):
+        return _guarded(tiers, "tiers", _policy_or_none)
+    by_key: dict[str, BucketPolicy] = {}
+    for who, policy in tiers.items():
+        if not isinstance(policy, BucketPolicy):
+            raise ConfigurationError(f"tiers[{who!r}] must be a BucketPolicy")
+        # The identity may come back as a name or as a credential: accept both forms.
+        by_key[Identity.named(who).key] = policy
+        by_key[Identity.secret(who).key] = policy
+    return lambda _request, identity: by_key.get(identity.key)

@@ -1,0 +1,128 @@
+"""The operations a store runs: each one a small value, ``store.run(op)`` (or ``arun``).
+
+One class per operation, named like its Lua script (``lua/<name>.lua``): what the operation
+needs travels in the value, and each store says in one place how it runs it (``MemoryStore``
+applies the pure core, ``RedisStore`` encodes the value for its script and decodes the reply).
+``Op[R]`` carries the type of the result, so ``store.run(Gate(key))`` is a ``VelocityVerdict``.
+
+``key`` is already storage-safe (``Fuse`` hashes identities and adds its name).
+
+>>> MemoryStore().run(Record("default:agent-42", 1_200.0, VelocityPolicy())).rate  # doctest: +SKIP
+1200.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar
+
+from .._core.admission import AdmitVerdict
+from .._core.bucket import BucketPolicy
+from .._core.status import Status
+from .._core.velocity import VelocityPolicy, VelocityVerdict
+
+__all__ = [
+    "UNSET",
+    "Admit",
+    "Configure",
+    "Gate",
+    "Op",
+    "ReadStatus",
+    "Record",
+    "Reset",
+    "Unset",
+]
+
+R = TypeVar("R", covariant=True)
+
+
+class Unset:
+    """Marker for 'leave this setting as it is' in ``Configure``."""
+
+    _instance: Unset | None = None
+
+    def __new__(cls) -> Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = Unset()
+
+
+class Op(Generic[R]):
+    """An operation on one key whose result is an ``R``."""
+
+    __slots__ = ()
+    name: ClassVar[str]
+    """The operation's name: its Lua script's, and what a store's errors call it."""
+    key: str
+
+
+# The operations are values: built once per guarded call, never changed afterwards. They are
+# not frozen, as frozen dataclasses pay an object.__setattr__ per field on every construction.
+
+
+@dataclass(slots=True)
+class Gate(Op[VelocityVerdict]):
+    """Is the key open? Read-only: a refused call spends nothing (``velocity.gate``)."""
+
+    name: ClassVar[str] = "gate"
+    key: str
+
+
+@dataclass(slots=True)
+class Record(Op[VelocityVerdict]):
+    """Add ``amount`` to the key's window and judge the new rate (``velocity.record``)."""
+
+    name: ClassVar[str] = "record"
+    key: str
+    amount: float
+    velocity: VelocityPolicy
+
+
+@dataclass(slots=True)
+class Admit(Op[AdmitVerdict]):
+    """Decide one inbound call: latch, then bucket (``cost``), then velocity (``amount``;
+    0 checks the latch only). A policy that is None is not checked (``admission.admit``)."""
+
+    name: ClassVar[str] = "admit"
+    key: str
+    cost: float
+    amount: float
+    velocity: VelocityPolicy | None
+    bucket: BucketPolicy | None
+
+
+@dataclass(slots=True)
+class ReadStatus(Op[Status]):
+    """The key's status under these policies, read without changing anything."""
+
+    name: ClassVar[str] = "status"
+    key: str
+    velocity: VelocityPolicy
+    bucket: BucketPolicy | None
+
+
+@dataclass(slots=True)
+class Reset(Op[None]):
+    """Close the key at once, forget its window and escalation, refill its bucket. What it
+    learned and its live overrides stay (``velocity.reset``)."""
+
+    name: ClassVar[str] = "reset"
+    key: str
+
+
+@dataclass(slots=True)
+class Configure(Op[None]):
+    """Set the key's live overrides, read by every process with its next decision: ``None``
+    clears one (the policy's value applies again), ``UNSET`` leaves it as it is."""
+
+    name: ClassVar[str] = "configure"
+    key: str
+    limit: float | None | Unset = UNSET
+    capacity: float | None | Unset = UNSET
+    rate: float | None | Unset = UNSET
