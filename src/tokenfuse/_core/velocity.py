@@ -479,9 +479,8 @@ def _established_rules(
     if params.early_threshold is not None and state.calls > 0.0:
         _feed_early(state, amount, now, normal, params)
         if state.early_level >= params.early_threshold:
-            span = now - state.early_since
-            early_rate = state.early_amount * (WINDOW_SECONDS / max(span, 1.0))
-            return _EARLY, early_rate, threshold, normal, span
+            span = max(now - state.early_since, 1.0)  # a burst at one instant: over a second
+            return _EARLY, state.early_amount * (WINDOW_SECONDS / span), threshold, normal, span
     # Sustained: the long rate without its largest call reaches both floors (tested one by
     # one, the costlier one only when the first is reached).
     long_rate = _long_rate(state, now)

@@ -426,9 +426,8 @@ local function established_rules(v, amount, rate, largest, normal, now, p)
   if p.early_threshold ~= nil and v.calls > 0.0 then
     feed_early(v, amount, now, normal, p)
     if v.early_level >= p.early_threshold then
-      local span = now - v.early_since
-      local early_rate = v.early_amount * (WINDOW_SECONDS / math.max(span, 1.0))
-      return EARLY, early_rate, threshold, normal, span
+      local span = math.max(now - v.early_since, 1.0)
+      return EARLY, v.early_amount * (WINDOW_SECONDS / span), threshold, normal, span
     end
   end
   local avg = average(v, now, p)
