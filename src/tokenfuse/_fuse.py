@@ -34,7 +34,18 @@ from ._health import StoreHealth
 from ._identity import Identity
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
-from ._stores.ops import UNSET, Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
+from ._stores.ops import (
+    UNSET,
+    Admit,
+    Configure,
+    Forgive,
+    Gate,
+    Op,
+    ReadStatus,
+    Record,
+    Reset,
+    Unset,
+)
 
 __all__ = ["Decision", "Fuse", "Status", "default_fuse"]
 
@@ -193,9 +204,25 @@ class Fuse:
     async def areset(self, who: Who) -> None:
         await self._async().arun(Reset(self._key(Identity.of(who))))
 
+    def forgive(self, who: Who) -> None:
+        """The key's last trip was legitimate: close the key at once, and teach that the rate
+        it tripped at is normal at that hour of day (UTC) and the next, for every process
+        sharing the store. A nightly job forgiven once passes on the following nights, while
+        the same rate at another hour still trips.
+
+        >>> fuse.forgive("nightly-batch")  # doctest: +SKIP
+        """
+        self._sync().run(Forgive(self._key(Identity.of(who))))
+
+    async def aforgive(self, who: Who) -> None:
+        await self._async().arun(Forgive(self._key(Identity.of(who))))
+
     def set_limit(self, who: Who, limit: float | str | None) -> None:
         """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
-        process sharing the store: it is read with the key's state on its next decision."""
+        process sharing the store: it is read with the key's state on its next decision.
+
+        While it is set it replaces the cold-start limits for this key, so a busy new key
+        need not wait days for its baseline: ``fuse.set_limit("team-key", 500_000)``."""
         self._sync().run(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
 
     async def aset_limit(self, who: Who, limit: float | str | None) -> None:

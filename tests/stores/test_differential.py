@@ -36,6 +36,7 @@ from tokenfuse._stores.ops import (
     UNSET,
     Admit,
     Configure,
+    Forgive,
     Gate,
     Op,
     ReadStatus,
@@ -96,7 +97,9 @@ overrides = st.just(UNSET) | st.none() | st.floats(0.5, 5_000, **finite)
 def operations(draw: st.DrawFn, keys: int) -> tuple[Any, ...]:
     key = KEYS[draw(st.integers(0, keys - 1))]
     kind = draw(
-        st.sampled_from(["record"] * 6 + ["gate"] * 2 + ["admit"] * 4 + ["reset", "configure"])
+        st.sampled_from(
+            ["record"] * 6 + ["gate"] * 2 + ["admit"] * 4 + ["reset", "configure", "forgive"]
+        )
     )
     if kind == "record":
         return kind, key, draw(amounts)
@@ -182,7 +185,12 @@ def rule_scenarios(draw: st.DrawFn) -> Scenario:
         (every, ("record", "alpha", base * every / 60 * draw(st.floats(0.5, 1.5))), False)
         for _ in range(int(minutes * 60 / every))
     ]
-    ops += draw(misbehaviour(base, base * every / 60))
+    misbehaving = draw(misbehaviour(base, base * every / 60))
+    ops += misbehaving
+    if draw(st.booleans()):  # forgiven: the same again, an hour or a day later
+        ops.append((draw(st.floats(0, 120, **finite)), ("forgive", "alpha"), False))
+        ops.append((draw(st.sampled_from([3_600.0, 86_400.0])), ("gate", "alpha"), False))
+        ops += misbehaving
     ops += draw(st.lists(st.tuples(steps, operations(1), st.booleans()), max_size=8))
     return Scenario(
         start=1_767_225_600.0 + draw(st.floats(0, 86_400, **finite)),
@@ -205,6 +213,8 @@ def operation(drawn: tuple[Any, ...], scenario: Scenario) -> Op[Any]:
         velocity = scenario.velocity if with_velocity else None
         bucket = scenario.bucket if with_bucket else None
         return Admit(key, cost=cost, amount=amount, velocity=velocity, bucket=bucket)
+    if kind == "forgive":
+        return Forgive(key)
     if kind == "reset":
         return Reset(key)
     limit, capacity, rate = args
@@ -251,6 +261,8 @@ def check(scenario: Scenario, client: redis.Redis) -> None:
             entries = [memory._entries.get(key) for key in keys]
             states = [(e.velocity, e.bucket) if e else (None, None) for e in entries]
             assert read_states(client, prefix, keys) == states, f"state after step {step}: {op}"
+            if any(v is not None and any(v.profile) for v, _ in states):
+                event("hourly allowance taught by forgive")
         for key in keys:
             read = ReadStatus(key, scenario.velocity, scenario.bucket)
             status = memory.run(read)

@@ -16,7 +16,7 @@ from .._core.bucket import BucketState
 from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
+from .ops import Admit, Configure, Forgive, Gate, Op, ReadStatus, Record, Reset, Unset
 
 __all__ = ["MemoryStore"]
 
@@ -133,6 +133,11 @@ class MemoryStore:
         if entry is not None and entry.bucket is not None:
             entry.bucket.tokens = _bucket.FULL
 
+    def _forgive(self, op: Forgive, now: float) -> None:
+        entry = self._live(op.key, now)
+        if entry is not None and entry.velocity is not None:
+            _velocity.forgive(entry.velocity)
+
     def _configure(self, op: Configure, now: float) -> None:
         entry = self._entry(op.key, now)
         if not isinstance(op.limit, Unset):
@@ -156,5 +161,6 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     Admit: MemoryStore._admit,
     ReadStatus: MemoryStore._status,
     Reset: MemoryStore._reset,
+    Forgive: MemoryStore._forgive,
     Configure: MemoryStore._configure,
 }

@@ -26,7 +26,7 @@ from .._core.velocity import (
     VelocityVerdict,
 )
 from .._errors import ConfigurationError
-from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
+from .ops import Admit, Configure, Forgive, Gate, Op, ReadStatus, Record, Reset, Unset
 
 __all__ = [
     "BUCKET_BLOCK",
@@ -185,7 +185,7 @@ def _admit_args(op: Admit, now: str, ttl: str) -> Args:
     return (now, ttl, _number(op.cost), _number(op.amount), velocity, bucket)
 
 
-def _reset_args(op: Reset, now: str, ttl: str) -> Args:
+def _ttl_only(op: Reset | Forgive, now: str, ttl: str) -> Args:
     return (ttl,)
 
 
@@ -256,7 +256,7 @@ def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
     return status_of(op.key, vstate, bstate, now, op.velocity, op.bucket)
 
 
-def _nothing(op: Reset | Configure, reply: object) -> None:
+def _nothing(op: Reset | Forgive | Configure, reply: object) -> None:
     return None
 
 
@@ -283,6 +283,7 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     Record: Codec(_record_args, _velocity_verdict),
     Admit: Codec(_admit_args, _admit_verdict),
     ReadStatus: Codec(_now_only, _status),
-    Reset: Codec(_reset_args, _nothing),
+    Reset: Codec(_ttl_only, _nothing),
+    Forgive: Codec(_ttl_only, _nothing),
     Configure: Codec(_configure_args, _nothing),
 }
