@@ -31,18 +31,23 @@ __all__ = [
     "DAY",
     "HOUR",
     "KEY",
+    "MINUTE",
     "START",
+    "WARM",
     "Outcome",
     "Scenario",
     "SimClock",
     "daily_pulse",
     "loop",
+    "looping",
+    "named",
     "normal",
     "poisson",
     "production",
     "ramp",
     "replay",
     "scenarios",
+    "steady",
 ]
 
 MINUTE = 60.0
@@ -231,6 +236,7 @@ class Outcome:
     """What a replay saw. Times are seconds from START."""
 
     calls: int = 0
+    recorded: int = 0  # calls the gate let through
     decisions: int = 0
     trips: list[tuple[float, str, int]] = field(default_factory=list)  # (t, reason, phase)
     false_trips: int = 0  # trips before the first loop started (all trips if none does)
@@ -276,6 +282,7 @@ def replay(
             if scenario.stop and len(out.refused) == len(scenario.loops) > 0:
                 break
             continue
+        out.recorded += 1
         out.decisions += 1
         decision = made.record(KEY, amount)
         if phase and phase not in out.refused:
@@ -296,18 +303,24 @@ def steady(per_minute: float, size: float, days: float) -> Callable[[random.Rand
 
 
 def looping(
-    per_minute: float, size: float, multiple: float, loop_size: float | None = None
+    per_minute: float,
+    size: float,
+    multiple: float,
+    loop_size: float | None = None,
+    *,
+    at: float = WARM,
+    policy: dict[str, Any] | None = None,
 ) -> Scenario:
-    """``steady`` traffic for ``WARM``, then a loop that lifts the key to ``multiple`` times
-    its rate for a day (the loop adds ``multiple - 1``), in calls of ``loop_size``."""
-    days = WARM / DAY + 1
+    """``steady`` traffic, then from ``at`` a loop that lifts the key to ``multiple`` times its
+    rate for a day (the loop adds ``multiple - 1``), in calls of ``loop_size``."""
+    days = at / DAY + 1
 
     def traffic(rng: random.Random) -> Traffic:
         background = poisson(rng, 0.0, days * DAY, per_minute, size=size)
-        runaway = loop(WARM, WARM + DAY, per_minute * (multiple - 1), loop_size or size)
+        runaway = loop(at, at + DAY, per_minute * (multiple - 1), loop_size or size)
         return normal(background, runaway)
 
-    return Scenario("", "loop", days, traffic, loops=((WARM, WARM + DAY),))
+    return Scenario("", "loop", days, traffic, loops=((at, at + DAY),), policy=policy or {})
 
 
 def named(scenario: Scenario, name: str, group: str | None = None) -> Scenario:
