@@ -144,7 +144,7 @@ def test_an_established_key_keeps_a_ceiling_of_its_own(clock: Clock) -> None:
     clock.advance(HOUR)
     baseline = fuse.status(KEY).baseline
     assert baseline is not None
-    decision = fuse.record(KEY, 110_000)
+    decision = fuse.record(KEY, 150_000)
     assert decision.error is not None and decision.error.reason == "baseline_ceiling"
     assert decision.error.limit == pytest.approx(100 * baseline)
 
@@ -193,7 +193,7 @@ def test_a_minute_far_above_the_baseline_is_learned_clipped(clock: Clock) -> Non
     clock.advance(12 * MINUTE)
     after = fuse.status(KEY)
     assert after.samples > before.samples  # the minute was learned...
-    assert after.learned_baseline < before.learned_baseline * 1.1  # ...as 4x, not 1,000x
+    assert after.learned_baseline < before.learned_baseline * 1.2  # as 8x (+11 %), not 17x
 
 
 def test_the_run_up_to_a_trip_is_not_learned(clock: Clock) -> None:

@@ -97,10 +97,10 @@ async def test_forgive_reopens_the_key_and_teaches_the_hour(backend: Backend, cl
     assert (await backend.run(Gate("k"))).allowed
     assert (await backend.run(ReadStatus("k", QUICK, None))).open_until is None
 
-    clock.now = 1_767_225_600.0 + 13 * HOUR  # the hour after the trip's is taught too
-    assert await batch(backend)
-    clock.now = 1_767_225_600.0 + 18 * HOUR  # 18:00: the same batch is a loop again
+    clock.now = 1_767_225_600.0 + 18 * HOUR  # 18:00: the same batch is a loop
     assert not await batch(backend)
+    clock.now = 1_767_225_600.0 + DAY + 13 * HOUR  # the hour after the trip's is taught too
+    assert await batch(backend)
 
 
 async def test_forgive_teaches_nothing_for_a_manual_ceiling(backend: Backend, clock: Clock) -> None:

@@ -171,7 +171,7 @@ class VelocityPolicy:
     """An established key's own ceiling, times its baseline, over 60 s (default 100; never
     below ``cold_start_limit``); ``None`` = none."""
     learn_clip: float
-    """A minute counts for at most this many times the baseline once it is learned (4)."""
+    """A minute counts for at most this many times the baseline once it is learned (8)."""
     cooldown: float
     """Seconds a key stays open after a trip (default 60)."""
     cooldown_max: float
@@ -196,7 +196,7 @@ class VelocityPolicy:
         sustained_baseline_multiple: float = 6.0,
         early_threshold: float | None = 12.0,
         ceiling_multiple: float | None = 100.0,
-        learn_clip: float = 4.0,
+        learn_clip: float = 8.0,
         cooldown: float = 60.0,
         cooldown_max: float = 3_600.0,
         escalation_window: float = 3_600.0,
@@ -526,7 +526,7 @@ def _cold_start_rules(
 
 
 def _judge(state: VelocityState, amount: float, now: float, params: VelocityPolicy) -> _Finding:
-    rate = _rate(state, now)
+    rate = _sliding_sum(state.amounts, state.head, now, SLOT_SECONDS)
     baseline = state.baseline if established(state, now, params) else None
     ceiling = manual_ceiling(state, params)
     if ceiling is not None and rate > ceiling:
@@ -597,7 +597,8 @@ def record(
     Amounts recorded while the key is open still count (they were paid for by calls that
     passed the gate before the trip) but cannot trip it again.
     """
-    _roll_minutes(state, now, params)
+    if now >= (state.minute_head + 1) * MINUTE:  # a new minute: cheaper tested here
+        _roll_minutes(state, now, params)
     slot = _advance(state, now) % SLOTS
     state.amounts[slot] += amount
     if amount > state.largest[slot]:

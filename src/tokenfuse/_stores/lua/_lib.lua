@@ -522,7 +522,7 @@ local function gate(v, now)
 end
 
 local function record(v, amount, now, p)
-  roll_minutes(v, now, p)
+  if now >= (v.minute_head + 1) * MINUTE then roll_minutes(v, now, p) end
   local slot = advance(v, now) % SLOTS + 1
   v.amounts[slot] = v.amounts[slot] + amount
   v.largest[slot] = math.max(v.largest[slot], amount)
