@@ -15,12 +15,14 @@ from 100 to 10,000 tokens/min, through one fuse, timed without the traffic's gen
 from __future__ import annotations
 
 import argparse
+import gc
 import heapq
 import logging
 import math
 import random
 import statistics
 import time
+import tracemalloc
 
 from detection_scenarios import (
     DAY,
@@ -104,6 +106,34 @@ def throughput(keys: int, days: float, seed: int = 7) -> str:
     )
 
 
+def state_size(keys: int = 2_000) -> str:
+    """Bytes per identity: the packed string in Redis, and what MemoryStore holds (measured
+    with tracemalloc over ``keys`` identities that each recorded 30 calls)."""
+    clock = SimClock()
+    store = MemoryStore(clock=clock)
+    fuse = Fuse(store)
+    rng = random.Random(1)
+    names = [f"key-{i}" for i in range(keys)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for name in names:
+        for _ in range(30):
+            clock.now += rng.random() * 7
+            fuse.record(name, rng.random() * 1_000 + 1)
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    held = sum(stat.size_diff for stat in after.compare_to(before, "filename")) / keys
+    try:
+        from tokenfuse._stores.redis_codec import VELOCITY_BLOCK
+
+        packed = f"{VELOCITY_BLOCK.size} bytes packed in Redis (velocity block), "
+    except ImportError:  # no redis-py
+        packed = ""
+    return f"state per identity: {packed}{held:,.0f} bytes in MemoryStore (entry included)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="7 days for the normal profiles")
@@ -138,6 +168,7 @@ def main() -> None:
         print(f"{name}: refused {len(finite)}/{len(times)}, median {_duration(median)}")
     if args.throughput_keys and not args.only:
         print()
+        print(state_size())
         print(throughput(args.throughput_keys, args.throughput_days))
 
 
