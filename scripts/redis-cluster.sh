@@ -7,6 +7,8 @@
 #
 # Then: TOKENFUSE_CLUSTER_URL=redis://127.0.0.1:7301/0 pytest -m cluster
 # No persistence; each node has its own directory (config, pidfile, log) under DIR.
+# cluster-require-full-coverage no: a dead primary without a replica takes only its own
+# slots down, instead of the whole cluster refusing every key (docs/operations.md).
 set -euo pipefail
 
 first=${TOKENFUSE_CLUSTER_PORT:-7301}
@@ -39,6 +41,7 @@ start() {
         rm -f "$dir/$port/nodes.conf" # a fresh cluster each time
         redis-server --bind "$HOST" --port "$port" --dir "$dir/$port" \
             --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+            --cluster-require-full-coverage no \
             --save "" --appendonly no \
             --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log"
     done
@@ -65,19 +68,24 @@ start() {
 }
 
 stop() {
+    stopping=()
     for port in "${PORTS[@]}"; do
         pidfile="$dir/$port/redis.pid"
         [ -f "$pidfile" ] || continue
         pid=$(cat "$pidfile")
         # Only that node: a stale pidfile must not kill whatever reused the PID.
-        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "redis-server.*:$port" &&
+        if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q "redis-server.*:$port" &&
             kill "$pid" 2>/dev/null; then
-            for _ in $(seq 100); do
-                kill -0 "$pid" 2>/dev/null || break
-                sleep 0.1
-            done
+            stopping+=("$pid")
         fi
         rm -f "$pidfile"
+    done
+    # Signalled all at once, then waited for: each node takes a moment to shut down.
+    for pid in ${stopping[@]+"${stopping[@]}"}; do
+        for _ in $(seq 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
     done
 }
 

@@ -3,11 +3,32 @@
 It watches the *rate* each key spends (LLM tokens outbound, tool calls inbound) against that
 key's own normal, and refuses a key whose rate looks like a loop, in under a minute.
 
+Outbound, count the tokens of every LLM call::
+
+    client = httpx.Client(transport=FuseTransport())
+
+Inbound, contain the callers of your tool endpoints::
+
+    app.add_middleware(TokenFuse)
+
+The names here are the everyday ones. Each extension point has a module of its own:
+
+* ``tokenfuse.fuse``: ``Fuse`` with its results ``Decision`` and ``Status``, and ``Identity``;
+* ``tokenfuse.transport``: the outbound side (``FuseReport``, ``current_scope``, ...);
+* ``tokenfuse.middleware``: the inbound side (identify helpers, ``RequestView``, ``Reply``, ...);
+* ``tokenfuse.usage``: teach tokenfuse a provider (``UsageShape``, ``ShapeExtractor``, ...);
+* ``tokenfuse.stores``: ``MemoryStore``, ``RedisStore``, ``StoreHealth``;
+* ``tokenfuse.events``: ``FuseEvent``, what ``on_event`` hooks receive.
+
+docs/design.md in the repository explains how it decides.
+
 >>> from tokenfuse import Fuse
 >>> fuse = Fuse()
 >>> fuse.record("agent-42", 1_200).allowed
 True
 """
+
+from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
@@ -22,50 +43,19 @@ from ._errors import (
     StoreUnavailable,
     TokenFuseError,
 )
-from ._events import FuseEvent
-from ._fuse import Decision, Fuse, Status, default_fuse
-from ._identity import Identity
-from ._middleware import (
-    CALL_VELOCITY,
-    Reply,
-    RequestView,
-    TokenFuse,
-    TokenFuseWSGI,
-    bearer_or_api_key,
-    by_header,
-    default_inbound_fuse,
-    inbound_fuse,
-    report_tokens,
-)
-from ._stores.memory import MemoryStore
-from ._transport import (
-    AsyncFuseTransport,
-    FuseReport,
-    FuseTransport,
-    current_scope,
-    find_refusal,
-    scope,
-    unwrap_refusals,
-)
-from ._usage import ShapeExtractor, Usage, UsageShape, default_registry
+from .fuse import Fuse
+from .middleware import TokenFuse, TokenFuseWSGI, inbound_fuse, report_tokens
+from .stores import MemoryStore
+from .transport import AsyncFuseTransport, FuseTransport, scope, unwrap_refusals
 
 if TYPE_CHECKING:
-    from ._stores.redis import RedisStore
+    from typing import Any
 
-
-def __getattr__(name: str) -> object:
-    # RedisStore needs the optional ``redis`` package: import it only when asked for.
-    if name == "RedisStore":
-        from ._stores.redis import RedisStore
-
-        return RedisStore
-    raise AttributeError(f"module 'tokenfuse' has no attribute {name!r}")
-
+    from .stores import RedisStore
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CALL_VELOCITY",
     "FREE",
     "GROWTH",
     "STARTER",
@@ -73,38 +63,56 @@ __all__ = [
     "BucketPolicy",
     "CeilingExceeded",
     "ConfigurationError",
-    "Decision",
     "Fuse",
-    "FuseEvent",
-    "FuseReport",
     "FuseTransport",
     "FuseTripped",
-    "Identity",
     "LoopSuspected",
     "MemoryStore",
     "QuotaExhausted",
     "RedisStore",
-    "Reply",
-    "RequestView",
-    "ShapeExtractor",
-    "Status",
     "StoreUnavailable",
     "TokenFuse",
     "TokenFuseError",
     "TokenFuseWSGI",
-    "Usage",
-    "UsageShape",
     "VelocityPolicy",
     "__version__",
-    "bearer_or_api_key",
-    "by_header",
-    "current_scope",
-    "default_fuse",
-    "default_inbound_fuse",
-    "default_registry",
-    "find_refusal",
     "inbound_fuse",
     "report_tokens",
     "scope",
     "unwrap_refusals",
 ]
+
+# Names served from a submodule on first use. RedisStore needs the optional redis package, so
+# it is imported only when asked for; the others were top-level names before the extension
+# points got modules of their own, and still import from here.
+_ELSEWHERE = {
+    "RedisStore": "stores",
+    "CALL_VELOCITY": "middleware",
+    "Reply": "middleware",
+    "RequestView": "middleware",
+    "bearer_or_api_key": "middleware",
+    "by_header": "middleware",
+    "default_inbound_fuse": "middleware",
+    "Decision": "fuse",
+    "Identity": "fuse",
+    "Status": "fuse",
+    "default_fuse": "fuse",
+    "FuseReport": "transport",
+    "current_scope": "transport",
+    "find_refusal": "transport",
+    "FuseEvent": "events",
+    "ShapeExtractor": "usage",
+    "Usage": "usage",
+    "UsageShape": "usage",
+    "default_registry": "usage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``RedisStore`` on first use, and the names that moved to a submodule."""
+    from importlib import import_module
+
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokenfuse' has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)

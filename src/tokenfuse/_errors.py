@@ -8,6 +8,7 @@
     │   ├── CeilingExceeded    rate above a manual, cold-start or the key's own ceiling
     │   └── QuotaExhausted     the caller's token bucket is empty
     ├── StoreUnavailable       the store failed and the fuse was told to fail closed
+    │   └── StoreBusy          only this process's connection pool was full (back-pressure)
     └── ConfigurationError     also a ``ValueError``: bad options, caught at construction
 
 Every refusal carries the numbers that explain it, so the message a user reads says what
@@ -22,6 +23,7 @@ __all__ = [
     "FuseTripped",
     "LoopSuspected",
     "QuotaExhausted",
+    "StoreBusy",
     "StoreUnavailable",
     "TokenFuseError",
 ]
@@ -37,6 +39,13 @@ class ConfigurationError(TokenFuseError, ValueError):
 
 class StoreUnavailable(TokenFuseError):
     """The store could not be reached and the fuse was told to fail closed."""
+
+
+class StoreBusy(StoreUnavailable):
+    """The store answers, but no pooled connection came free within the decision's budget.
+
+    Back-pressure inside this process, not an outage: it never makes the fuse back off.
+    """
 
 
 def _fmt(value: float) -> str:
@@ -99,7 +108,7 @@ class FuseTripped(TokenFuseError):
     def describe(self) -> str:
         """The human sentence; subclasses say what the numbers mean."""
         return (
-            f"{self.unit} limit reached for key {self.key}: {_fmt(self.rate)} over "
+            f"limit reached for key {self.key}: {_fmt(self.rate)} {self.unit}, over the limit of "
             f"{_fmt(self.limit)} (retry in {_seconds(self.retry_after)})"
         )
 
@@ -178,7 +187,7 @@ class CeilingExceeded(FuseTripped):
     def describe(self) -> str:
         which, advice = _CEILINGS.get(self.reason, ("ceiling", ""))
         return (
-            f"{self.unit} rate over the {which}: {_fmt(self.rate)} {self.unit}/min"
+            f"rate over the {which}: {_fmt(self.rate)} {self.unit}/min"
             f"{_over(self.window if self.reason != 'manual_ceiling' else None)} is above "
             f"{_fmt(self.limit)} {self.unit}/min for key {self.key} "
             f"(blocked for {_seconds(self.retry_after)}){advice}"

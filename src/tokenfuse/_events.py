@@ -10,11 +10,20 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hooks", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
-EventKind = Literal["tripped", "near_limit", "store_unavailable", "store_recovered"]
+EventKind = Literal[
+    "tripped",
+    "near_limit",
+    "store_unavailable",
+    "store_recovered",
+    "pool_exhausted",
+    "usage_estimated",
+    "usage_unknown",
+    "usage_partial",
+]
 
 
 @dataclass(frozen=True, slots=True)

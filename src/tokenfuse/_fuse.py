@@ -27,11 +27,13 @@ from ._errors import (
     FuseTripped,
     LoopSuspected,
     QuotaExhausted,
+    StoreBusy,
     StoreUnavailable,
 )
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
+from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
 from ._stores.ops import (
@@ -99,6 +101,9 @@ class Fuse:
         bucket: the token bucket for ``admit`` (``None``: no bucket).
         fail_closed: raise ``StoreUnavailable`` instead of failing open.
         on_event: a hook or hooks called with every ``FuseEvent``.
+
+    ``fuse.stats`` (a ``FuseStats``) counts the calls whose usage was estimated, unknown or
+    partial, for the process and per key.
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class Fuse:
         self.fail_closed = fail_closed
         self.hooks = Hooks(on_event)
         self.health = health or StoreHealth()
+        self.stats = FuseStats()
         self._velocity_for_reads = velocity or _DEFAULT_VELOCITY
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
@@ -335,20 +341,21 @@ class Fuse:
         return decide(identity, verdict)
 
     def _healthy(self) -> None:
-        if self.health.succeeded():
-            self.hooks.emit(FuseEvent("store_recovered", None, "store answers again"), logging.INFO)
+        recovered = self.health.succeeded()
+        if recovered is not None:
+            self.hooks.emit(recovered, logging.INFO)
 
     def _degraded(self, identity: Identity, exc: Exception | None) -> Decision:
         """The store failed (or is being skipped): fail open, or closed if so configured."""
         if exc is not None:
             if not isinstance(exc, StoreUnavailable):
                 logger.error("tokenfuse store %r raised unexpectedly", self.store, exc_info=exc)
-            if self.health.failed():
-                failing = "closed" if self.fail_closed else "open"
-                detail = f"store unavailable, failing {failing}: {exc}"
-                self.hooks.emit(FuseEvent("store_unavailable", None, detail))
+            event = self.health.failed(exc, fail_closed=self.fail_closed)
+            if event is not None:
+                self.hooks.emit(event)
         if self.fail_closed:
-            raise StoreUnavailable(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
+            kind = StoreBusy if isinstance(exc, StoreBusy) else StoreUnavailable
+            raise kind(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
         return Decision(key=identity.label, allowed=True, degraded=True)
 
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:

@@ -1,7 +1,7 @@
-"""Identities: who is spending, as a storage-safe key plus a label a human may read.
+"""Identities, for both sides: who is spending, as a storage-safe key and a human label.
 
 Whatever names a caller (an API key, an org header, ``scope("agent-42")``) is untrusted and
-possibly secret. It never reaches a store or a log as is: the store key is a keyed hash of it,
+possibly secret. It never reaches a store or a log as is: the store key is a hash of it,
 and the label is either the name itself (for names the application chose) or a redaction that
 shows just enough to tell keys apart (``sk-…a1b2``).
 """

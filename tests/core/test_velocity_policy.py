@@ -1,4 +1,8 @@
-"""The velocity check of DESIGN §1.1, driven through Fuse on a simulated clock."""
+"""The velocity check (docs/design.md, "Decision order"), through Fuse on a simulated clock.
+
+The learning rules at the end drive the core's state directly, where each learned minute
+can be counted.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from tokenfuse import (
     MemoryStore,
     VelocityPolicy,
 )
+from tokenfuse._core import velocity as core
 
 DAY = 86_400.0
 KEY = "agent-7"
@@ -56,7 +61,7 @@ def loop_until_refused(
 
 @pytest.fixture
 def established(clock: Clock) -> Fuse:
-    """A key with a steady 300 tokens/min for 3.5 days: the seed's background automation."""
+    """A key with a steady 300 tokens/min for 3.5 days: a background automation."""
     fuse = make_fuse(clock, cold_start_limit=2_000)
     assert steady(fuse, clock, per_minute=300, seconds=3.5 * DAY) == 0
     status = fuse.status(KEY)
@@ -138,7 +143,8 @@ def test_a_loop_does_not_raise_the_baseline(established: Fuse, clock: Clock) -> 
         loop_until_refused(established, clock, per_minute=5_000)
         clock.advance(established.status(KEY).open_until - clock.now)  # type: ignore[operator]
     steady(established, clock, per_minute=300, seconds=600)
-    assert established.status(KEY).learned_baseline == pytest.approx(before, rel=0.005)
+    # Every clean minute spent exactly 300, so only a learned loop minute could move it at all.
+    assert established.status(KEY).learned_baseline == pytest.approx(before, rel=1e-12)
 
 
 def test_cooldown_blocks_then_escalates_then_resets_after_an_hour(
@@ -161,6 +167,23 @@ def test_cooldown_blocks_then_escalates_then_resets_after_an_hour(
     open_until = established.status(KEY).open_until
     assert open_until is not None
     assert open_until - (clock.now - 2) == pytest.approx(60)
+
+
+@pytest.mark.parametrize(
+    ("gap", "cooldown"),
+    [
+        pytest.param(600.0, 120.0, id="at-the-window-escalates"),
+        pytest.param(600.5, 60.0, id="past-the-window-starts-over"),
+    ],
+)
+def test_escalation_window_boundary(clock: Clock, gap: float, cooldown: float) -> None:
+    fuse = make_fuse(clock, limit=100, cooldown=60, escalation_window=600)
+    assert fuse.record(KEY, 1_000).tripped
+    clock.advance(gap)
+    second = fuse.record(KEY, 1_000)
+    assert second.tripped
+    assert second.error is not None
+    assert second.error.retry_after == cooldown
 
 
 def test_cooldown_is_capped(clock: Clock) -> None:
@@ -218,7 +241,7 @@ def test_idle_minutes_are_not_zeros(clock: Clock) -> None:
 
 
 def test_week_replay_with_a_daily_large_call_has_no_false_trip(clock: Clock) -> None:
-    """DESIGN §1.1: 1k tokens/min plus one 40k-token call a day, for a week."""
+    """1k tokens/min plus one 40k-token call a day, for a week."""
     fuse = make_fuse(clock, cold_start_limit=None)
     steady(fuse, clock, per_minute=1_000, seconds=3.5 * DAY, every=15)
     trips = 0
@@ -246,3 +269,55 @@ def test_week_replay_with_a_daily_large_call_has_no_false_trip(clock: Clock) -> 
 def test_spike_threshold(established: Fuse, clock: Clock, multiple: float, trips: bool) -> None:
     tripped = steady(established, clock, per_minute=300 * multiple, seconds=120, every=2)
     assert bool(tripped) is trips
+
+
+# -- what the baseline learns, on the core state --------------------------------------------
+
+MINUTE = 60.0
+T0 = 1_767_225_600.0  # on a minute boundary
+LEARNING = VelocityPolicy(limit=1_000, cold_start_limit=None, cooldown=60)
+
+
+def spend(state: core.VelocityState, minute: float, amount: float) -> core.VelocityVerdict:
+    return core.record(state, amount, T0 + minute * MINUTE, LEARNING)
+
+
+@pytest.mark.parametrize(
+    "spending",
+    [
+        # Minute 1 idle; the trip at minute 2.5 keeps the key open until 3.5, and an in-flight
+        # call lands in minute 3 while it is open.
+        pytest.param(
+            [(0, 100), (2.5, 5_000), (3.2, 700), (5, 100), (7, 100), (9, 100), (30, 100)],
+            id="the-window-of-a-trip-and-its-open-minutes-are-not-learned",
+        ),
+        # Minute 1 looked clean when it ended (the loop starting, under the limit); the trip
+        # in the next minute drops it with the rest of the window.
+        pytest.param(
+            [(0, 100), (1.5, 900), (2.2, 5_000), (4, 100), (6, 100), (8, 100), (30, 100)],
+            id="the-minutes-before-a-trip-are-not-learned",
+        ),
+    ],
+)
+def test_a_loop_is_not_learned(spending: list[tuple[float, float]]) -> None:
+    state = core.new_state(T0)
+    trips = [spend(state, minute, amount).tripped for minute, amount in spending]
+    assert trips.count(True) == 1
+    # Learned: the three minutes of 100 after the key closed, once they left the 10-minute
+    # window (the call at minute 30). Learning any minute up to the trip, or while the key was
+    # open, would add a sample and lift the baseline.
+    assert state.samples == 3
+    assert state.baseline == pytest.approx(100, rel=1e-12)
+
+
+def test_a_clean_minute_is_learned_when_it_leaves_the_ten_minute_window() -> None:
+    state = core.new_state(T0)
+    spend(state, 0, 100)
+    spend(state, 1, 300)
+    spend(state, 10.5, 100)
+    assert state.samples == 0  # minute 0 is still in the window: a trip now would drop it
+    spend(state, 11, 100)
+    assert (state.samples, state.baseline) == (1, 100)
+    spend(state, 12, 100)
+    assert state.samples == 2
+    assert 100 < state.baseline < 300

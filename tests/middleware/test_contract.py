@@ -105,7 +105,7 @@ def test_a_live_ceiling_trips_the_velocity_check_on_a_tool_endpoint(
     assert tripped.json() == {
         "type": "manual_ceiling",
         "message": (
-            "calls rate over the ceiling: 21 calls/min is above 20 calls/min for key "
+            "rate over the ceiling: 21 calls/min is above 20 calls/min for key "
             "sk-…0001 (blocked for 60 s)"
         ),
         "key": "sk-…0001",
@@ -163,7 +163,7 @@ def test_shadow_mode_decides_and_reports_but_never_refuses(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("tokenfuse._middleware.guard.monotonic", lambda: 1000.0)  # log throttle
+    monkeypatch.setattr("tokenfuse._middleware.throttle.monotonic", lambda: 1000.0)  # log throttle
     call = serve(fuse=make_fuse(), shadow=True)
     burst(call, 50)
 

@@ -45,7 +45,7 @@ def test_reported_tokens_trip_the_next_call(serve: Callable[..., Call], token_fu
     assert body["unit"] == "tokens"
     assert (body["rate"], body["limit"]) == (1200.0, 1000.0)
     assert body["message"] == (
-        "tokens rate over the ceiling: 1,200 tokens/min is above 1,000 tokens/min for key "
+        "rate over the ceiling: 1,200 tokens/min is above 1,000 tokens/min for key "
         "sk-…0001 (blocked for 60 s)"
     )
 

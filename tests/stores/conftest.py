@@ -4,13 +4,16 @@ Tests ``await backend.run(Record(...))`` whatever the backend; for an async face
 the store's ``arun``, so the async path really runs (``run`` is never called).
 Redis backends use a prefix of their own and delete only their own keys afterwards; a test
 that must do what no one may do to a shared server (stop it, flush its scripts) runs on a
-redis-server of its own (``own_redis``).
+redis-server of its own (``own_redis``). ``all_at_once`` runs a burst of threads.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -51,9 +54,10 @@ REDIS_BACKENDS = BACKENDS[1:]
 class OwnRedis:
     """A redis-server this test owns: started on ``port``, stopped by its PID."""
 
-    def __init__(self, port: int, workdir: Path) -> None:
+    def __init__(self, port: int, workdir: Path, *settings: str) -> None:
         self.port = port
         self.workdir = workdir
+        self.settings = settings  # more redis-server arguments, e.g. "--maxmemory", "10mb"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,6 +69,7 @@ class OwnRedis:
             [
                 *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
                 *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+                *self.settings,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -82,6 +87,8 @@ class OwnRedis:
 
     def stop(self) -> None:
         if self.process is not None:
+            if self.process.poll() is None:  # a stopped (SIGSTOP) server cannot exit
+                os.kill(self.process.pid, signal.SIGCONT)
             self.process.terminate()
             self.process.wait(timeout=10)
             self.process = None
@@ -214,3 +221,21 @@ async def redis_backend(request: pytest.FixtureRequest, clock: Clock) -> AsyncIt
     opened = await open_backend(request.param, request, clock)
     yield opened
     await close_backend(opened)
+
+
+def all_at_once(call: Callable[[], R], times: int) -> list[R]:
+    """``call`` from ``times`` threads released together; their results."""
+    start = threading.Barrier(times)
+    results: list[R] = []
+
+    def one() -> None:
+        start.wait(30)
+        results.append(call())
+
+    threads = [threading.Thread(target=one) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(results) == times
+    return results

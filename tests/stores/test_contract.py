@@ -324,7 +324,7 @@ async def test_every_write_sets_the_ttl(redis_backend: Backend) -> None:
     raw.pexpire(redis_backend.key("a"), 10_000)
     await redis_backend.run(Reset("a"))
     assert raw.pttl(redis_backend.key("a")) > 10_000
-    # one string per identity: velocity block (352 bytes) and/or bucket block (64 bytes)
+    # one string per identity: velocity block (696 bytes) and/or bucket block (64 bytes)
     sizes = [raw.strlen(redis_backend.key(key)) for key in ("r", "a", "c", "b")]
     assert sizes == [696, 760, 760, 64]
 

@@ -19,7 +19,8 @@ from tokenfuse import BucketPolicy, ConfigurationError, StoreUnavailable, Veloci
 from tokenfuse._stores.base import AsyncStore, Store, SyncStore
 from tokenfuse._stores.ops import Admit, Gate, ReadStatus, Record
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_clients import URL_DEFAULTS, _cluster_url
+from tokenfuse._stores.redis_budget import COMMAND_TIMEOUT, CONNECT_TIMEOUT
+from tokenfuse._stores.redis_clients import _cluster_url
 from tokenfuse._stores.redis_scripts import script_sources, shake
 
 POLICY = VelocityPolicy(limit=1000)
@@ -97,12 +98,12 @@ def test_a_server_error_is_store_unavailable_too(foreign: Callable[[Any], object
 
 
 def test_from_url_defaults_are_short_and_overridable() -> None:
-    assert URL_DEFAULTS["socket_timeout"] == URL_DEFAULTS["socket_connect_timeout"] == 0.25
+    assert (COMMAND_TIMEOUT, CONNECT_TIMEOUT) == (0.25, 1.0)
     store = RedisStore.from_url("redis://127.0.0.1:1/0", socket_timeout=2.0)
     client = store._clients._make_sync() if store._clients._make_sync else None
     assert isinstance(client, redis.Redis)
     kwargs = client.connection_pool.connection_kwargs
-    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (2.0, 0.25)
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (2.0, 1.0)
     assert kwargs["health_check_interval"] == 30
     assert kwargs["retry"].get_retries() == 1
     client.close()

@@ -1,4 +1,4 @@
-"""Containment: a token bucket per caller (DESIGN §1.2, seed 001).
+"""Containment: a token bucket per caller (docs/design.md, "Token bucket").
 
 A bucket holds up to ``capacity`` and refills continuously at ``rate`` per second; a call takes
 ``cost``. A new caller starts with a full bucket, so an idle caller may burst up to capacity,
@@ -47,18 +47,20 @@ FULL = -1.0
 class BucketPolicy:
     """Capacity and refill of a caller's bucket.
 
-    >>> BucketPolicy(rate="600/minute", capacity=50).rate
+    Attributes:
+        rate: refill per second; a number, or a rate string (``"10/second"``, ``"600/min"``).
+        capacity: the most a bucket holds: the burst an idle caller may spend at once.
+        near_limit_fraction: share of the refill rate that counts as near the limit (0.8).
+        near_limit_after: seconds of continuous near-limit use before the alert fires (300).
+
+    >>> BucketPolicy(rate="600/min", capacity=50).rate
     10.0
     """
 
     rate: float
-    """Refill per second (numbers), or a ``limits`` string such as ``"10/second"``."""
     capacity: float
-    """The most a bucket holds: the burst an idle caller may spend at once."""
     near_limit_fraction: float
-    """Share of the refill rate that counts as near the limit (0.8)."""
     near_limit_after: float
-    """Seconds of continuous near-limit use before the alert fires (300)."""
 
     def __init__(
         self,
@@ -82,7 +84,7 @@ class BucketPolicy:
         put(self, "near_limit_after", float(near_limit_after))
 
 
-#: The seed's tier presets (calls per second, burst capacity).
+#: Tier presets: refill in calls per second, burst capacity.
 FREE = BucketPolicy(rate=10, capacity=50)
 STARTER = BucketPolicy(rate=50, capacity=200)
 GROWTH = BucketPolicy(rate=100, capacity=500)

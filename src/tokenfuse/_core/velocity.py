@@ -120,66 +120,63 @@ def _optional_positive(value: float | None, what: str) -> float | None:
     return None if value is None else _positive(value, what)
 
 
-class _Derived:
-    """Default of ``cold_start_sustained``: 60 % of ``cold_start_limit``."""
-
-    def __repr__(self) -> str:
-        return "0.6 x cold_start_limit"
-
-
-_DERIVED = _Derived()
-
-
 @dataclass(frozen=True, slots=True, init=False)
 class VelocityPolicy:
     """How a fuse judges the rate of one kind of amount (tokens, calls, dollars).
 
-    Every default is the documented one (``docs/detection.md``); rates accept numbers (per
-    minute) or ``limits`` strings such as ``"50000/minute"``.
+    Rates are numbers per minute or rate strings (``"50000/minute"``, ``"50k/min"``,
+    ``"1M/hour"``); times are seconds. Every default is the one documented here and, with
+    the replays that chose it, in docs/detection.md.
 
-    >>> VelocityPolicy(limit="50000/minute").limit
+    Attributes:
+        limit: manual ceiling per minute, ``None`` for none; a live override per key wins
+            and also replaces the cold-start limits for that key.
+        spike_multiple: a 60 s rate this many times the established baseline is a loop (10).
+        min_baseline: baselines below this per minute are too small to judge against (100).
+        learning_period: how long since a key was first seen before its baseline can be
+            established (3 days).
+        min_samples: learned active minutes needed before the baseline counts (60).
+        cold_start_limit: ceiling per minute over 60 s until the baseline is established
+            (100,000), raised by what the key has shown.
+        cold_start_sustained: ceiling per minute over 10 minutes until then (``"auto"``:
+            60 % of ``cold_start_limit``, 60,000, about 3.6M tokens an hour).
+        half_life: after this long, a learned minute weighs half as much (1 day).
+        sustained_multiple: a 10-minute rate this many times the key's average, idle time
+            included, is a loop (7.5)...
+        sustained_baseline_multiple: ...as long as it is also this many times the baseline
+            of active minutes (6).
+        early_threshold: calls beyond the spike multiple's pace before the early check trips
+            (12); ``None`` turns the early check off.
+        ceiling_multiple: an established key's own ceiling per minute, times its baseline,
+            never below ``cold_start_limit`` (100); ``None`` for none.
+        learn_clip: a learned minute counts for at most this many times the baseline (8).
+        cooldown: how long a trip keeps the key open (60 s).
+        cooldown_max: the cap on an escalated cooldown (3,600 s).
+        escalation_window: a trip within this long of the previous one doubles the
+            cooldown (3,600 s).
+        unit: what the amounts are, for messages: ``tokens``, ``calls``, ...
+
+    >>> VelocityPolicy(limit="50k/min").limit
     50000.0
     """
 
     limit: float | None
-    """Manual ceiling per minute; ``None`` = none. A live override per key wins."""
     spike_multiple: float
-    """A 60 s rate this many times the established baseline is a loop (default 10)."""
     min_baseline: float
-    """Baselines below this are too small to judge against (default 100 per minute)."""
     learning_period: float
-    """Seconds since a key was first seen before its baseline can be established (3 days)."""
     min_samples: int
-    """Active minutes a key must have been learned from before its baseline counts (60)."""
     cold_start_limit: float | None
-    """Ceiling per minute over 60 s before the baseline is established (default 100,000)."""
     cold_start_sustained: float | None
-    """Ceiling per minute over 10 minutes before the baseline is established (default 60 %
-    of ``cold_start_limit``: 60,000, i.e. 3.6M tokens an hour)."""
     half_life: float
-    """Seconds after which a learned minute weighs half as much in the baseline (1 day)."""
     sustained_multiple: float
-    """A 10-minute rate this many times the key's average, idle time included, is a loop
-    (default 7.5)."""
     sustained_baseline_multiple: float
-    """... as long as it is also this many times the baseline of active minutes (default 6:
-    the busiest ten minutes of bursty keys reach about 5x)."""
     early_threshold: float | None
-    """Calls beyond the spike multiple's pace before the early check trips (default 12);
-    ``None`` turns the early check off."""
     ceiling_multiple: float | None
-    """An established key's own ceiling, times its baseline, over 60 s (default 100; never
-    below ``cold_start_limit``); ``None`` = none."""
     learn_clip: float
-    """A minute counts for at most this many times the baseline once it is learned (8)."""
     cooldown: float
-    """Seconds a key stays open after a trip (default 60)."""
     cooldown_max: float
-    """Cap on the escalated cooldown (default 3,600 s)."""
     escalation_window: float
-    """A trip within this many seconds of the previous one doubles the cooldown (3,600 s)."""
     unit: str
-    """What the amounts are, for messages: ``tokens``, ``calls``, ..."""
 
     def __init__(
         self,
@@ -190,7 +187,7 @@ class VelocityPolicy:
         learning_period: float = 3 * 86_400.0,
         min_samples: int = 60,
         cold_start_limit: float | str | None = 100_000.0,
-        cold_start_sustained: float | str | None | _Derived = _DERIVED,
+        cold_start_sustained: float | str | None = "auto",
         half_life: float = 86_400.0,
         sustained_multiple: float = 7.5,
         sustained_baseline_multiple: float = 6.0,
@@ -212,7 +209,7 @@ class VelocityPolicy:
         put(self, "min_samples", int(min_samples))
         cold = _optional_rate(cold_start_limit, "cold_start_limit")
         put(self, "cold_start_limit", cold)
-        if isinstance(cold_start_sustained, _Derived):
+        if cold_start_sustained == "auto":  # 60 % of the cold-start ceiling, if there is one
             sustained = None if cold is None else 0.6 * cold
         else:
             sustained = _optional_rate(cold_start_sustained, "cold_start_sustained")

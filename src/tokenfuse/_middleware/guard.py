@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from time import monotonic
 
 from .._core.bucket import BucketPolicy
 from .._errors import ConfigurationError, FuseTripped, StoreUnavailable
@@ -23,6 +22,7 @@ from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tie
 from .reply import Headers, Reply, delay_seconds, rate_limit_headers, refused
 from .report import DECISION_KEY, REPORT_KEY, Report
 from .request import RequestView
+from .throttle import Throttle
 
 __all__ = ["InboundGuard", "Outcome", "Plan"]
 
@@ -60,26 +60,6 @@ class Outcome:
     report: Report | None = None
 
 
-class _Throttle:
-    """At most one log line per ``interval`` seconds, counting the lines it held back: a
-    looping agent in shadow mode must not turn the log into a copy of the access log."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self._next = 0.0
-        self._held = 0
-
-    def take(self) -> int | None:
-        """None: hold this line back. Otherwise log it, with this many held back before it."""
-        now = monotonic()
-        if now < self._next:
-            self._held += 1
-            return None
-        self._next = now + self.interval
-        held, self._held = self._held, 0
-        return held
-
-
 class InboundGuard:
     """The options of one ``TokenFuse`` / ``TokenFuseWSGI``, checked once, applied per request.
 
@@ -107,7 +87,7 @@ class InboundGuard:
         self._cost_of = cost_rule(options.cost)
         self._excluded = exclude_rule(options.exclude)
         self._tier_of = tiers_rule(options.tiers)
-        self._shadow_log = _Throttle(1.0)
+        self._shadow_log = Throttle(1.0)
 
     # -- per request -------------------------------------------------------------------------
 

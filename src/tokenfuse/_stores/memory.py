@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -12,15 +13,22 @@ from typing import Any, TypeVar
 from .._core import bucket as _bucket
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
-from .._core.bucket import BucketState
+from .._core.bucket import BucketPolicy, BucketState
 from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
+from .._events import logger
 from .ops import Admit, Configure, Forgive, Gate, Op, ReadStatus, Record, Reset, Unset
 
 __all__ = ["MemoryStore"]
 
 R = TypeVar("R")
+
+#: How many of the least recently used entries an eviction looks at for one without live state.
+EVICTION_PROBES = 16
+
+#: At most one warning a minute about evicted live state (the count keeps every one).
+_WARN_EVERY = 60.0
 
 
 @dataclass(slots=True)
@@ -28,14 +36,38 @@ class _Entry:
     velocity: VelocityState | None = None
     bucket: BucketState | None = None
     expires: float = 0.0
+    # The bucket policy of the key's last admission: what "depleted" means for its bucket.
+    bucket_policy: BucketPolicy | None = None
+
+    def is_live(self, now: float) -> bool:
+        """Whether evicting this entry would undo a decision: an open latch, a live override,
+        or a bucket drained below half (evicting it would hand its caller a full one)."""
+        if self.expires <= now:
+            return False
+        velocity, bucket = self.velocity, self.bucket
+        if velocity is not None and (velocity.open_until > now or velocity.limit_override >= 0):
+            return True
+        if bucket is None:
+            return False
+        if bucket.capacity_override > 0 or bucket.rate_override > 0:
+            return True
+        if self.bucket_policy is None:
+            return False
+        capacity, rate = _bucket.limits_of(bucket, self.bucket_policy)
+        return _bucket.level(bucket, now, capacity, rate) < capacity / 2
 
 
 class MemoryStore:
     """State in this process only: zero setup, thread-safe, bounded.
 
-    At most ``max_keys`` identities are held; past that the least recently used is evicted, so
-    a flood of distinct (possibly spoofed) identities costs a fixed amount of memory. Entries
-    idle for ``ttl`` seconds expire lazily when touched or evicted; no background thread runs.
+    At most ``max_keys`` identities are held (about 1.75 KB each: the default of 20,000 is
+    about 35 MB, room for every caller of a small service). Past that, the least recently used
+    entry *without live state* is evicted, so a flood of made-up identities costs a fixed
+    amount of memory and cannot erase what matters: an open (tripped) key, a live
+    ``set_limit``/``set_bucket``, or a drained bucket stays while ordinary entries remain among
+    the ``EVICTION_PROBES`` least recently used. When none does, the oldest goes anyway: that is
+    counted in ``live_evictions`` and logged. Entries idle for ``ttl`` seconds expire lazily
+    when touched or evicted; no background thread runs.
 
     >>> store = MemoryStore(max_keys=10_000)
     """
@@ -43,7 +75,7 @@ class MemoryStore:
     def __init__(
         self,
         *,
-        max_keys: int = 100_000,
+        max_keys: int = 20_000,
         ttl: float = 14 * 86_400.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -52,6 +84,10 @@ class MemoryStore:
         self.max_keys = max_keys
         self.ttl = float(ttl)
         self.clock = clock
+        #: Entries evicted to make room, and how many of them held live state.
+        self.evictions = 0
+        self.live_evictions = 0
+        self._next_warning = 0.0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -76,8 +112,36 @@ class MemoryStore:
         if entry is None:
             entry = self._entries[key] = _Entry(expires=now + self.ttl)
             if len(self._entries) > self.max_keys:
-                self._entries.popitem(last=False)
+                self._evict(now, keep=key)
         return entry
+
+    def _evict(self, now: float, keep: str) -> None:
+        """Drop the least recently used entry without live state, never ``keep`` (the entry
+        being made room for); lock held.
+
+        Live entries looked at on the way move to the recent end, so the next eviction does not
+        look at them again: evicted last, not never.
+        """
+        probed = itertools.islice(self._entries.items(), EVICTION_PROBES + 1)
+        oldest = [(key, entry) for key, entry in probed if key != keep][:EVICTION_PROBES]
+        for key, entry in oldest:
+            if not entry.is_live(now):
+                del self._entries[key]
+                self.evictions += 1
+                return
+            self._entries.move_to_end(key)
+        del self._entries[oldest[0][0]]
+        self.evictions += 1
+        self.live_evictions += 1
+        if now >= self._next_warning:
+            self._next_warning = now + _WARN_EVERY
+            logger.warning(
+                "tokenfuse MemoryStore is full of live state (%d keys, all of the %d oldest open, "
+                "overridden or drained): evicted one anyway, %d so far; raise max_keys",
+                len(self._entries),
+                len(oldest),
+                self.live_evictions,
+            )
 
     def run(self, op: Op[R]) -> R:
         """Run one operation (``ops``): under the store's lock, at one reading of its clock."""
@@ -108,8 +172,10 @@ class MemoryStore:
         entry = self._entry(op.key, now)
         if op.velocity is not None and entry.velocity is None and op.amount > 0:
             entry.velocity = _velocity.new_state(now)
-        if op.bucket is not None and entry.bucket is None:
-            entry.bucket = _bucket.new_state(now, op.bucket)
+        if op.bucket is not None:
+            entry.bucket_policy = op.bucket
+            if entry.bucket is None:
+                entry.bucket = _bucket.new_state(now, op.bucket)
         return admit(
             entry.velocity,
             entry.bucket,

@@ -25,9 +25,9 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._errors import ConfigurationError, StoreUnavailable
+from .._errors import ConfigurationError
 from .ops import Op
-from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient
+from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient, unavailable
 from .redis_codec import CODECS, Args, Codec, key_of
 
 __all__ = ["RedisStore"]
@@ -50,7 +50,7 @@ class _Unavailable:
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, REDIS_ERRORS):
-            raise StoreUnavailable(f"redis {self.op} failed: {exc}") from exc
+            raise unavailable(self.op, exc) from exc
 
 
 class RedisStore:
@@ -92,8 +92,9 @@ class RedisStore:
         """A store with its own sync and asyncio clients, each built at its first use.
 
         ``redis+cluster://host:port`` (or ``cluster=True``) makes them cluster clients.
-        ``options`` go to redis-py; the defaults are short: ``socket_timeout=0.25``,
-        ``socket_connect_timeout=0.25``, ``health_check_interval=30`` and one immediate retry.
+        ``options`` go to redis-py; the defaults bound what a decision waits
+        (``redis_budget``): 0.25 s for an answer, 1 s to connect, a blocking pool of 50
+        connections waited on for at most 2 s, one immediate retry on a connection error.
 
         >>> store = RedisStore.from_url("redis+cluster://10.0.0.5:7000")  # doctest: +SKIP
         """

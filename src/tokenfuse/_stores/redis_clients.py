@@ -1,33 +1,48 @@
 """The redis-py clients behind a ``RedisStore``: one given by the caller, or a sync and an asyncio
 client built lazily from a URL, each with the operation scripts registered on it.
 
-``register_script`` gives us EVALSHA with redis-py's own NOSCRIPT handling (a ``SCRIPT FLUSH``
-or a restarted server costs one ``SCRIPT LOAD``, then EVALSHA again), on standalone, Sentinel
-and Cluster clients alike.
+Each operation is EVALSHA, and EVAL when the server answers NOSCRIPT (a ``SCRIPT FLUSH`` or a
+restarted server costs one EVAL, which caches the script again), on standalone, Sentinel and
+Cluster clients alike. The timeouts and pools of the clients built from a URL, and the
+checks of a client the caller gives, are in ``redis_budget``; the check of the server's
+memory policy is in ``redis_server``.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 try:
     import redis
     import redis.asyncio
     import redis.asyncio.cluster
-    import redis.asyncio.retry
     import redis.cluster
-    from redis.backoff import NoBackoff
-    from redis.commands.core import AsyncScript, Script
-    from redis.retry import Retry
+    from redis._parsers.commands import AsyncCommandsParser
+    from redis.exceptions import NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("RedisStore needs redis-py: pip install 'tokenfuse[redis]'") from exc
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, StoreBusy, StoreUnavailable
+from .redis_budget import (
+    POOL_WAIT,
+    AsyncBlockingPool,
+    SyncBlockingPool,
+    TurnTaking,
+    client_advice,
+    pool_exhausted,
+    url_options,
+)
 from .redis_scripts import script_sources
+from .redis_server import acheck_server, check_server
 
-__all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient"]
+__all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient", "unavailable"]
+
+logger = logging.getLogger("tokenfuse")
 
 SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
@@ -36,12 +51,18 @@ AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 #: RedisClusterException that is no RedisError, e.g. when no node answers).
 REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
-#: A decision must not wait long on Redis: the Fuse fails open and backs off instead.
-URL_DEFAULTS: dict[str, Any] = {
-    "socket_timeout": 0.25,
-    "socket_connect_timeout": 0.25,
-    "health_check_interval": 30,
-}
+#: A registered script: ``(keys, args) -> reply`` (a redis-py ``Script``, or a wrapper).
+SyncCall = Callable[[Sequence[str], Sequence[str | bytes]], Any]
+#: The same for an asyncio client (``AsyncScript``, or one taking turns).
+AsyncCall = Callable[[Sequence[str], Sequence[str | bytes]], Awaitable[Any]]
+
+
+def unavailable(op: str, exc: BaseException) -> StoreUnavailable:
+    """The store error for a redis-py error: ``StoreBusy`` when only the pool was full."""
+    if pool_exhausted(exc):
+        return StoreBusy(f"redis {op} found no free connection: {exc}")
+    return StoreUnavailable(f"redis {op} failed: {exc}")
+
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -51,6 +72,53 @@ def _cluster_url(url: str) -> tuple[str, bool]:
     scheme, sep, rest = url.partition("://")
     plain = _CLUSTER_SCHEMES.get(scheme.lower())
     return (f"{plain}{sep}{rest}", True) if plain else (url, False)
+
+
+class _Script:
+    """One operation's script on one client: EVALSHA, and EVAL when the server lacks it.
+
+    redis-py's ``register_script`` answers NOSCRIPT with a SCRIPT LOAD, which a cluster client
+    sends to every primary: with one primary down, a script that a live node had not cached
+    yet (its first use there, or after a restart) could never be loaded. EVAL runs on the
+    key's own node and caches the script there.
+    """
+
+    __slots__ = ("client", "sha", "source")
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.client = client
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+class SyncScript(_Script):
+    def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        try:
+            return self.client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return self.client.eval(self.source, len(keys), *keys, *args)
+
+
+class AsyncScript(_Script):
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        try:
+            return await self.client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self.client.eval(self.source, len(keys), *keys, *args)
+
+
+class _CommandTableOnce(AsyncCommandsParser):
+    """redis-py's asyncio cluster client reloads the server's whole command table (COMMAND:
+    100-300 ms of parsing on the event loop) each time it rebuilds its slot map, and it
+    rebuilds it after every failure on a dead node: with one primary down, a third of the
+    decisions would each stall every other one. The table does not change when a node dies:
+    load it once. (The sync client keeps its table already.)"""
+
+    __slots__ = ()
+
+    async def initialize(self, node: Any = None) -> None:
+        if not self.commands:
+            await super().initialize(node)
 
 
 class Clients:
@@ -73,8 +141,9 @@ class Clients:
         self.described = described
         self._sync: SyncClient | None = None
         self._async: AsyncClient | None = None
-        self._sync_scripts: Mapping[str, Script] | None = None
-        self._async_scripts: Mapping[str, AsyncScript] | None = None
+        self._sync_scripts: Mapping[str, SyncCall] | None = None
+        self._async_scripts: Mapping[str, AsyncCall] | None = None
+        self._server_checked = False
         self._lock = threading.Lock()
 
     @property
@@ -100,27 +169,30 @@ class Clients:
     def from_url(cls, url: str, *, cluster: bool, options: Mapping[str, Any]) -> Clients:
         url, cluster_scheme = _cluster_url(url)
         cluster = cluster or cluster_scheme
-        sync_options = {**URL_DEFAULTS, **options}
-        async_options = dict(sync_options)
-        # One immediate retry survives a stale pooled connection (a restarted server) without
-        # redis-py's default of ten retries with back-off on every call to a dead server.
-        sync_options.setdefault("retry", Retry(NoBackoff(), 1))
-        async_options.setdefault("retry", redis.asyncio.retry.Retry(NoBackoff(), 1))
+        sync_options = {**url_options(asyncio_client=False), **options}
+        async_options = {**url_options(asyncio_client=True), **options}
 
         def make_sync() -> SyncClient:
             if cluster:
-                return redis.cluster.RedisCluster.from_url(url, **sync_options)
-            return redis.Redis.from_url(url, **sync_options)
+                pool_class = functools.partial(SyncBlockingPool, timeout=POOL_WAIT)
+                return redis.cluster.RedisCluster.from_url(
+                    url, connection_pool_class=pool_class, **sync_options
+                )
+            pool = SyncBlockingPool.from_url(url, timeout=POOL_WAIT, **sync_options)
+            return redis.Redis.from_pool(pool)
 
         def make_async() -> AsyncClient:
             if cluster:
-                return redis.asyncio.cluster.RedisCluster.from_url(url, **async_options)
-            return redis.asyncio.Redis.from_url(url, **async_options)
+                client = redis.asyncio.cluster.RedisCluster.from_url(url, **async_options)
+                client.commands_parser = _CommandTableOnce()
+                return client
+            pool = AsyncBlockingPool.from_url(url, timeout=POOL_WAIT, **async_options)
+            return redis.asyncio.Redis.from_pool(pool)
 
         described = "cluster, sync+async" if cluster else "sync+async"
         return cls(make_sync=make_sync, make_async=make_async, owned=True, described=described)
 
-    def sync_scripts(self) -> Mapping[str, Script]:
+    def sync_scripts(self) -> Mapping[str, SyncCall]:
         scripts = self._sync_scripts
         if scripts is None:
             with self._lock:
@@ -131,14 +203,16 @@ class Clients:
                             "a-prefixed methods), or RedisStore.from_url for both faces"
                         )
                     self._sync = client = self._make_sync()
-                    self._sync_scripts = {
-                        name: client.register_script(source)
+                    self._check(client)
+                    registered = {
+                        name: SyncScript(client, source)
                         for name, source in script_sources().items()
                     }
+                    self._sync_scripts = self._sync_first_use(client, registered)
                 scripts = self._sync_scripts
         return scripts
 
-    def async_scripts(self) -> Mapping[str, AsyncScript]:
+    def async_scripts(self) -> Mapping[str, AsyncCall]:
         scripts = self._async_scripts
         if scripts is None:
             if self._make_async is None:
@@ -148,10 +222,69 @@ class Clients:
                 )
             # No lock: nothing awaits between the check and the assignment.
             self._async = client = self._make_async()
-            scripts = self._async_scripts = {
-                name: client.register_script(source) for name, source in script_sources().items()
+            self._check(client)
+            registered: Mapping[str, AsyncCall] = {
+                name: AsyncScript(client, source) for name, source in script_sources().items()
             }
+            if isinstance(client, redis.asyncio.cluster.RedisCluster):
+                in_turn = TurnTaking.for_client(client)
+                registered = {name: in_turn(script) for name, script in registered.items()}
+            scripts = self._async_scripts = self._async_first_use(client, registered)
         return scripts
+
+    # The server's memory policy is read after the first decision that succeeds (a dead
+    # server at start-up must not cost a decision twice), once per store; then the plain
+    # scripts replace these wrappers.
+
+    def _first_success(self) -> bool:
+        with self._lock:
+            first, self._server_checked = not self._server_checked, True
+        return first
+
+    def _sync_first_use(
+        self, client: SyncClient, scripts: Mapping[str, SyncCall]
+    ) -> Mapping[str, SyncCall]:
+        wrappers: dict[str, SyncCall] = {}
+
+        def run(name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+            result = scripts[name](keys, args)
+            if self._sync_scripts is wrappers:
+                self._sync_scripts = scripts
+            if self._first_success():
+                check_server(client)
+            return result
+
+        wrappers.update({name: functools.partial(run, name) for name in scripts})
+        return wrappers
+
+    def _async_first_use(
+        self, client: AsyncClient, scripts: Mapping[str, AsyncCall]
+    ) -> Mapping[str, AsyncCall]:
+        wrappers: dict[str, AsyncCall] = {}
+
+        async def run(name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+            result = await scripts[name](keys, args)
+            if self._async_scripts is wrappers:
+                self._async_scripts = scripts
+            if self._first_success():
+                await acheck_server(client)
+            return result
+
+        wrappers.update({name: functools.partial(run, name) for name in scripts})
+        return wrappers
+
+    def _check(self, client: SyncClient | AsyncClient) -> None:
+        """Say once, at first use, what in a caller's client breaks the decision budget."""
+        if self._owned:
+            return
+        advice = client_advice(client)
+        if advice:
+            logger.warning(
+                "tokenfuse: this RedisStore's %s client can hold decisions up or fail them "
+                "open under a burst; change: %s (or use RedisStore.from_url)",
+                type(client).__name__,
+                "; ".join(advice),
+            )
 
     def close(self) -> None:
         client, self._sync, self._sync_scripts = self._sync, None, None

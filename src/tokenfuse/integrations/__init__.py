@@ -15,3 +15,6 @@ Every helper takes ``fuse=`` (default: ``tokenfuse.default_fuse()``) and ``key=`
 are counted for, as in ``FuseTransport``); ``tokenfuse.scope("agent-42")`` names the agent of a
 block of code and wins over both.
 """
+
+# The guards live in one submodule per framework, so that importing one never imports another.
+__all__: list[str] = []

@@ -1,0 +1,22 @@
+"""The inbound side: contain the agents that call your tool endpoints (ASGI and WSGI).
+
+::
+
+    from tokenfuse import RedisStore, TokenFuse
+    from tokenfuse.middleware import by_header, inbound_fuse
+
+    app.add_middleware(
+        TokenFuse,
+        fuse=inbound_fuse(RedisStore.from_url("redis://localhost:6379/0")),
+        identify=by_header("X-Org-Id"),
+    )
+
+Building blocks: ``inbound_fuse`` / ``default_inbound_fuse`` and their velocity policy
+``CALL_VELOCITY``; the identify helpers ``bearer_or_api_key`` (the default) and ``by_header``,
+which read a ``RequestView``; ``Reply``, what a custom ``refusal=`` returns; and
+``report_tokens``, with which a handler reports what it spent when ``count="tokens"``.
+"""
+
+# This module is the public face of _middleware: the names that package exports, no more.
+from ._middleware import *  # noqa: F403
+from ._middleware import __all__ as __all__
