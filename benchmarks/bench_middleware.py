@@ -127,11 +127,12 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
     import redis.asyncio
 
     ping_client = redis.asyncio.Redis.from_url(redis_url)
-    who = Identity.secret(TOKEN.decode())
+    # The store key the middleware's fuse derives for the benchmark's caller.
+    key = inbound_fuse(redis_store)._key(Identity.secret(TOKEN.decode()))
     references: dict[str, Callable[[], Awaitable[object]]] = {
         REFERENCES[0]: ping_client.ping,
         REFERENCES[1]: lambda: redis_store.arun(
-            Admit(f"inbound:{who.key}", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+            Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
         ),
     }
     cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}

@@ -64,6 +64,8 @@ class FuseTripped(TokenFuseError):
 
     Attributes:
         key: redacted label of the identity (``sk-…a1b2``), never a raw credential.
+        key_id: the identity's short, non-secret id (``3f9a0c12d4e5``), which tells apart
+            keys whose labels look alike and names the key to admin tools; None when unknown.
         reason: machine-readable code, naming the rule that fired (``loop_suspected``,
             ``loop_early``, ``loop_sparse``, ``loop_sustained``, ``manual_ceiling``,
             ``baseline_ceiling``, ``cold_start_ceiling``, ``cold_start_budget``,
@@ -79,6 +81,7 @@ class FuseTripped(TokenFuseError):
     """
 
     reason: str = "tripped"
+    key_id: str | None = None
 
     def __init__(
         self,
@@ -92,8 +95,10 @@ class FuseTripped(TokenFuseError):
         unit: str = "tokens",
         reason: str | None = None,
         window: float | None = None,
+        key_id: str | None = None,
     ) -> None:
         self.key = key
+        self.key_id = key_id
         self.rate = rate
         self.limit = limit
         self.retry_after = retry_after
@@ -105,10 +110,19 @@ class FuseTripped(TokenFuseError):
             self.reason = reason
         super().__init__(self.describe())
 
+    @property
+    def who(self) -> str:
+        """The key as messages name it: its label and, when known, its id.
+
+        >>> FuseTripped(key="sk-…a1b2", key_id="3f9a0c12d4e5", rate=1, limit=1, retry_after=1).who
+        'sk-…a1b2 [id 3f9a0c12d4e5]'
+        """
+        return f"{self.key} [id {self.key_id}]" if self.key_id else self.key
+
     def describe(self) -> str:
         """The human sentence; subclasses say what the numbers mean."""
         return (
-            f"limit reached for key {self.key}: {_fmt(self.rate)} {self.unit}, over the limit of "
+            f"limit reached for key {self.who}: {_fmt(self.rate)} {self.unit}, over the limit of "
             f"{_fmt(self.limit)} (retry in {_seconds(self.retry_after)})"
         )
 
@@ -118,6 +132,7 @@ class FuseTripped(TokenFuseError):
             "type": self.reason,
             "message": str(self),
             "key": self.key,
+            "key_id": self.key_id,
             "unit": self.unit,
             "rate": self.rate,
             "limit": self.limit,
@@ -159,7 +174,7 @@ class LoopSuspected(FuseTripped):
         return (
             f"possible agent loop or retry storm: {_fmt(self.rate)} {self.unit}/min"
             f"{_over(self.window)} is {multiple} {normal} of {baseline} {self.unit}/min for key "
-            f"{self.key}{_RULES.get(self.reason, '')} (blocked for {_seconds(self.retry_after)})"
+            f"{self.who}{_RULES.get(self.reason, '')} (blocked for {_seconds(self.retry_after)})"
         )
 
 
@@ -189,7 +204,7 @@ class CeilingExceeded(FuseTripped):
         return (
             f"rate over the {which}: {_fmt(self.rate)} {self.unit}/min"
             f"{_over(self.window if self.reason != 'manual_ceiling' else None)} is above "
-            f"{_fmt(self.limit)} {self.unit}/min for key {self.key} "
+            f"{_fmt(self.limit)} {self.unit}/min for key {self.who} "
             f"(blocked for {_seconds(self.retry_after)}){advice}"
         )
 
@@ -223,6 +238,6 @@ class QuotaExhausted(FuseTripped):
 
     def describe(self) -> str:
         return (
-            f"call quota exhausted for key {self.key}: the bucket of {_fmt(self.limit)} "
+            f"call quota exhausted for key {self.who}: the bucket of {_fmt(self.limit)} "
             f"{self.unit} refills at {_fmt(self.rate)}/s (retry in {_seconds(self.retry_after)})"
         )

@@ -30,8 +30,9 @@ EventKind = Literal[
 class FuseEvent:
     """Something an operator may want to page on.
 
-    ``key`` is the redacted label of the identity (None for store events); ``error`` is the
-    refusal for ``tripped``; ``detail`` is a one-line human explanation.
+    ``key`` is the redacted label of the identity and ``key_id`` its short, non-secret id
+    (both None for store events); ``error`` is the refusal for ``tripped``; ``detail`` is a
+    one-line human explanation, naming the key by label and id.
     """
 
     kind: EventKind
@@ -39,6 +40,7 @@ class FuseEvent:
     detail: str
     error: FuseTripped | None = None
     at: float = field(default_factory=time.time)
+    key_id: str | None = None
 
 
 Hook = Callable[[FuseEvent], object]

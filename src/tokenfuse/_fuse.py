@@ -1,10 +1,11 @@
 """``Fuse``: the one facade the transport and the middleware share.
 
-It turns identities into storage-safe keys, builds each step's store operation (``_stores.ops``)
-and runs it in the store (one round trip), turns verdicts into typed refusals, reports events,
-and fails open when the store is down. Sync methods are plain (``record``), async ones carry
-an ``a`` prefix (``arecord``); both build the same operation and go through the same verdict
-handling, and only the store call itself differs (``run`` or ``arun``).
+It turns identities into storage-safe keys (keyed with the deployment secret), builds each
+step's store operation (``_stores.ops``) and runs it in the store (one round trip), turns
+verdicts into typed refusals, reports events, and fails open when the store is down. Sync
+methods are plain (``record``), async ones carry an ``a`` prefix (``arecord``); both build the
+same operation and go through the same verdict handling, and only the store call itself
+differs (``run`` or ``arun``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ._errors import (
 from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
+from ._secret import SecretSource, deployment_secret
 from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.memory import MemoryStore
@@ -65,11 +67,13 @@ class Decision:
 
     ``error`` is the ready-to-raise refusal when ``allowed`` is False. ``tripped`` means this
     very step opened the key (the next call will be refused). ``degraded`` means the store was
-    unavailable and the fuse failed open: nothing was checked.
+    unavailable and the fuse failed open: nothing was checked. ``key`` is the identity's
+    label, ``key_id`` its short, non-secret id.
     """
 
     key: str
     allowed: bool
+    key_id: str | None = None
     error: FuseTripped | None = None
     tripped: bool = False
     rate: float = 0.0
@@ -101,6 +105,10 @@ class Fuse:
         bucket: the token bucket for ``admit`` (``None``: no bucket).
         fail_closed: raise ``StoreUnavailable`` instead of failing open.
         on_event: a hook or hooks called with every ``FuseEvent``.
+        secret: the deployment secret store keys and key ids are derived with (at least 16
+            characters; every process sharing the store must use the same). Default:
+            ``TOKENFUSE_SECRET``; without it, a per-process one on ``MemoryStore`` and a
+            public fallback, with a warning, on shared stores (``docs/identities.md``).
 
     ``fuse.stats`` (a ``FuseStats``) counts the calls whose usage was estimated, unknown or
     partial, for the process and per key.
@@ -116,10 +124,13 @@ class Fuse:
         fail_closed: bool = False,
         on_event: Hook | Iterable[Hook] | None = None,
         health: StoreHealth | None = None,
+        secret: SecretSource | None = None,
     ) -> None:
         if not _NAME.match(name):
             raise ConfigurationError(f"fuse name must match {_NAME.pattern}, not {name!r}")
         self.store = store if store is not None else MemoryStore()
+        # Never an attribute a repr or a debugger dump shows by name.
+        self._secret = deployment_secret(secret, shared=not isinstance(self.store, MemoryStore))
         self.name = name
         self.velocity = velocity
         self.bucket = bucket
@@ -134,6 +145,15 @@ class Fuse:
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"
+
+    def key_id(self, who: Who) -> str:
+        """The short, non-secret id this fuse shows for ``who`` in refusals and events.
+
+        >>> fuse = Fuse(secret="an example secret, 32 characters")
+        >>> fuse.key_id("agent-42")
+        '7d6fc5593120'
+        """
+        return self._id(Identity.of(who))
 
     def on_event(self, hook: Hook) -> Hook:
         """Add an event hook; usable as a decorator."""
@@ -197,11 +217,11 @@ class Fuse:
     def status(self, who: Who) -> Status:
         """The key's rate, baseline, latch and bucket, read without changing anything."""
         identity = Identity.of(who)
-        return replace(self._sync().run(self._status_op(identity)), key=identity.label)
+        return self._labelled(self._sync().run(self._status_op(identity)), identity)
 
     async def astatus(self, who: Who) -> Status:
         identity = Identity.of(who)
-        return replace(await self._async().arun(self._status_op(identity)), key=identity.label)
+        return self._labelled(await self._async().arun(self._status_op(identity)), identity)
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
@@ -256,7 +276,13 @@ class Fuse:
     # -- the operations ---------------------------------------------------------------------------
 
     def _key(self, identity: Identity) -> str:
-        return f"{self.name}:{identity.key}"
+        return f"{self.name}:{identity.keyed(self._secret).hex}"
+
+    def _id(self, identity: Identity) -> str:
+        return identity.keyed(self._secret).key_id
+
+    def _labelled(self, status: Status, identity: Identity) -> Status:
+        return replace(status, key=identity.label, key_id=self._id(identity))
 
     def _record_op(self, identity: Identity, amount: float) -> Record | None:
         """None when there is nothing to record (the amount is not spending)."""
@@ -313,7 +339,7 @@ class Fuse:
         """Run ``op`` (None: nothing to ask) and decide on its verdict; fail open if the store
         fails (or closed, if so configured)."""
         if op is None:
-            return Decision(key=identity.label, allowed=True)
+            return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         store = self._sync()
         if not self.health.available():
             return self._degraded(identity, None)
@@ -329,7 +355,7 @@ class Fuse:
     ) -> Decision:
         """``_decide`` for asyncio code: the same steps, awaiting the store."""
         if op is None:
-            return Decision(key=identity.label, allowed=True)
+            return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         store = self._async()
         if not self.health.available():
             return self._degraded(identity, None)
@@ -356,14 +382,17 @@ class Fuse:
         if self.fail_closed:
             kind = StoreBusy if isinstance(exc, StoreBusy) else StoreUnavailable
             raise kind(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
-        return Decision(key=identity.label, allowed=True, degraded=True)
+        return Decision(key=identity.label, allowed=True, degraded=True, key_id=self._id(identity))
 
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
         error = None if verdict.allowed else self._velocity_error(identity, verdict)
+        key_id = self._id(identity)
         if verdict.tripped and error is not None:
-            self.hooks.emit(FuseEvent("tripped", identity.label, str(error), error))
+            event = FuseEvent("tripped", identity.label, str(error), error, key_id=key_id)
+            self.hooks.emit(event)
         return Decision(
             key=identity.label,
+            key_id=key_id,
             allowed=verdict.allowed,
             error=error,
             tripped=verdict.tripped,
@@ -386,18 +415,20 @@ class Fuse:
             unit=self._velocity_for_reads.unit,
             reason=reason,
             window=verdict.window,
+            key_id=self._id(identity),
         )
 
     def _admit_decision(self, identity: Identity, verdict: AdmitVerdict) -> Decision:
         bucket = verdict.bucket
+        key_id = self._id(identity)
         if bucket is not None and bucket.near_limit:
             detail = (
-                f"key {identity.label} has used over "
+                f"key {identity.label} [id {key_id}] has used over "
                 f"{self.bucket.near_limit_fraction if self.bucket else 0.8:.0%} of its quota "
                 f"({bucket.rate:g}/s) for more than "
                 f"{self.bucket.near_limit_after if self.bucket else 300:.0f} s"
             )
-            self.hooks.emit(FuseEvent("near_limit", identity.label, detail))
+            self.hooks.emit(FuseEvent("near_limit", identity.label, detail, key_id=key_id))
         if verdict.velocity is not None and not verdict.velocity.allowed:
             decision = self._velocity_decision(identity, verdict.velocity)
             return _with_bucket(decision, bucket)
@@ -408,10 +439,13 @@ class Fuse:
                 limit=bucket.capacity,
                 retry_after=bucket.retry_after,
                 unit="calls",
+                key_id=key_id,
             )
-            return Decision(key=identity.label, allowed=False, error=error, bucket=bucket)
+            return Decision(
+                key=identity.label, key_id=key_id, allowed=False, error=error, bucket=bucket
+            )
         if verdict.velocity is None:
-            return Decision(key=identity.label, allowed=True, bucket=bucket)
+            return Decision(key=identity.label, key_id=key_id, allowed=True, bucket=bucket)
         return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
 
 
@@ -420,6 +454,7 @@ def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:
         return decision
     return Decision(
         key=decision.key,
+        key_id=decision.key_id,
         allowed=decision.allowed,
         error=decision.error,
         tripped=decision.tripped,

@@ -75,7 +75,7 @@ class FuseStats:
         self._clock = clock
         self._lock = threading.Lock()
         self._totals = dict.fromkeys(_OUTCOMES, 0)
-        self._keys: dict[str, dict[Outcome, int]] = {}
+        self._keys: dict[Identity, dict[Outcome, int]] = {}
         self._reported: dict[Outcome, tuple[float, int]] = {}  # when, and the total then
         self.usage_asked = 0
         self.usage_option_refused = 0
@@ -88,7 +88,7 @@ class FuseStats:
 
     def usage_of(self, who: str | Identity) -> UsageCounts:
         """The counts of one key (zeros for a key not counted lately)."""
-        counts = self._keys.get(Identity.of(who).key)
+        counts = self._keys.get(Identity.of(who))
         if counts is None:
             return UsageCounts()
         with self._lock:
@@ -100,13 +100,13 @@ class FuseStats:
         with self._lock:
             self._totals[outcome] += 1
             total = self._totals[outcome]
-            counts = self._keys.pop(identity.key, None)  # re-inserted last: most recent
+            counts = self._keys.pop(identity, None)  # re-inserted last: most recent
             if counts is None:
                 counts = dict.fromkeys(_OUTCOMES, 0)
                 if len(self._keys) >= self.max_keys:
                     del self._keys[next(iter(self._keys))]  # the least recently counted key
             counts[outcome] += 1
-            self._keys[identity.key] = counts
+            self._keys[identity] = counts
             now = self._clock()
             last = self._reported.get(outcome)
             if last is not None and now - last[0] < self.report_every:

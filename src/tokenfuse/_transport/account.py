@@ -49,9 +49,13 @@ def account(fuse: Fuse, identity: Identity, usage: Usage | None, *, estimating: 
     total, new = due
     kind, level = _KINDS[outcome]
     detail = _detail(outcome, usage, estimating)
-    latest = f"the latest: key {identity.label}, {usage.provider}: {usage.problem or 'no detail'}"
+    key_id = fuse.key_id(identity)
+    latest = (
+        f"the latest: key {identity.label} [id {key_id}], {usage.provider}: "
+        f"{usage.problem or 'no detail'}"
+    )
     message = f"{detail} ({total} so far, {new} since the last report); {latest}"
-    fuse.hooks.emit(FuseEvent(kind, identity.label, message), level)
+    fuse.hooks.emit(FuseEvent(kind, identity.label, message, key_id=key_id), level)
 
 
 def _detail(outcome: Outcome, usage: Usage, estimating: bool) -> str:
