@@ -231,6 +231,6 @@ def test_both_stores_run_every_operation() -> None:
     exported = (getattr(ops, name) for name in ops.__all__)
     operations = {kind for kind in exported if isinstance(kind, type) and issubclass(kind, ops.Op)}
     operations.discard(ops.Op)
-    assert len(operations) == 7
+    assert len(operations) == 8
     assert set(_APPLY) == set(CODECS) == operations
     assert sorted(script_sources()) == sorted(op.name for op in operations)
