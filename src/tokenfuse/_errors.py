@@ -4,8 +4,8 @@
 
     TokenFuseError
     ├── FuseTripped            a refusal: the key is over a limit or its fuse is open
-    │   ├── LoopSuspected      rate >= spike_multiple x the key's own baseline
-    │   ├── CeilingExceeded    rate above a manual or cold-start per-minute ceiling
+    │   ├── LoopSuspected      the key's rate is far above its own normal (``loop_*``)
+    │   ├── CeilingExceeded    rate above a manual, cold-start or the key's own ceiling
     │   └── QuotaExhausted     the caller's token bucket is empty
     ├── StoreUnavailable       the store failed and the fuse was told to fail closed
     │   └── StoreBusy          only this process's connection pool was full (back-pressure)
@@ -66,14 +66,18 @@ class FuseTripped(TokenFuseError):
         key: redacted label of the identity (``sk-…a1b2``), never a raw credential.
         key_id: the identity's short, non-secret id (``3f9a0c12d4e5``), which tells apart
             keys whose labels look alike and names the key to admin tools; None when unknown.
-        reason: machine-readable code (``loop_suspected``, ``manual_ceiling``,
-            ``cold_start_ceiling``, ``quota_exhausted``).
-        rate: the amount in the last 60 s (velocity) or the bucket level (quota).
+        reason: machine-readable code, naming the rule that fired (``loop_suspected``,
+            ``loop_early``, ``loop_sparse``, ``loop_sustained``, ``manual_ceiling``,
+            ``baseline_ceiling``, ``cold_start_ceiling``, ``cold_start_budget``,
+            ``quota_exhausted``; ``docs/detection.md`` describes each).
+        rate: the rate per minute over ``window`` (velocity), or the refill rate (quota).
         limit: the threshold that was crossed, in the same unit as ``rate``.
-        baseline: the key's learned per-active-minute baseline, ``None`` when not established.
-        multiple: ``rate / baseline`` for a spike, ``None`` when not applicable.
+        baseline: what the rule judged against: the key's baseline per active minute (its
+            average with idle time included for ``loop_sustained``), ``None`` when not known.
+        multiple: ``rate / baseline`` for the ``loop_*`` rules and ``baseline_ceiling``.
         retry_after: seconds until a call from this key can succeed again.
         unit: what is counted (``tokens``, ``calls``, ...).
+        window: seconds the rate was measured over (``None`` for a quota).
     """
 
     reason: str = "tripped"
@@ -90,6 +94,7 @@ class FuseTripped(TokenFuseError):
         multiple: float | None = None,
         unit: str = "tokens",
         reason: str | None = None,
+        window: float | None = None,
         key_id: str | None = None,
     ) -> None:
         self.key = key
@@ -100,6 +105,7 @@ class FuseTripped(TokenFuseError):
         self.baseline = baseline
         self.multiple = multiple
         self.unit = unit
+        self.window = window
         if reason is not None:
             self.reason = reason
         super().__init__(self.describe())
@@ -133,6 +139,7 @@ class FuseTripped(TokenFuseError):
             "baseline": self.baseline,
             "multiple": self.multiple,
             "retry_after": self.retry_after,
+            "window": self.window,
         }
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -156,32 +163,68 @@ def _rebuild(cls: type[FuseTripped], state: dict[str, object]) -> FuseTripped:
 
 
 class LoopSuspected(FuseTripped):
-    """The key's rate is ``multiple`` times its own baseline: a loop or a retry storm."""
+    """The key's rate is ``multiple`` times its own normal: a loop or a retry storm."""
 
     reason = "loop_suspected"
 
     def describe(self) -> str:
         multiple = f"{self.multiple:.1f}x" if self.multiple is not None else "far above"
         baseline = _fmt(self.baseline) if self.baseline is not None else "?"
+        normal = _NORMAL.get(self.reason, "the baseline")
         return (
-            f"possible agent loop or retry storm: {_fmt(self.rate)} {self.unit}/min is "
-            f"{multiple} the baseline of {baseline} {self.unit}/min for key {self.who} "
-            f"(blocked for {_seconds(self.retry_after)})"
+            f"possible agent loop or retry storm: {_fmt(self.rate)} {self.unit}/min"
+            f"{_over(self.window)} is {multiple} {normal} of {baseline} {self.unit}/min for key "
+            f"{self.who}{_RULES.get(self.reason, '')} (blocked for {_seconds(self.retry_after)})"
         )
 
 
+# What each loop rule compares against, and what it adds to the message.
+_NORMAL = {"loop_sustained": "the average (idle time included)"}
+_RULES = {
+    "loop_early": ", far more calls than its usual pace (early check)",
+    "loop_sparse": ": large calls repeating",
+    "loop_sustained": ", sustained",
+}
+
+
+def _over(window: float | None) -> str:
+    if window is None:
+        return ""
+    return f" over {window / 60:.0f} min" if window >= 120 else f" over {_seconds(window)}"
+
+
 class CeilingExceeded(FuseTripped):
-    """The key's rate went over a per-minute ceiling (manual, or the cold-start safety net)."""
+    """The key's rate went over a ceiling: one set by hand, the cold-start safety net for keys
+    without an established baseline, or an established key's own (``baseline_ceiling``)."""
 
     reason = "manual_ceiling"
 
     def describe(self) -> str:
-        which = "cold-start ceiling" if self.reason == "cold_start_ceiling" else "ceiling"
+        which, advice = _CEILINGS.get(self.reason, ("ceiling", ""))
         return (
-            f"rate over the {which}: {_fmt(self.rate)} {self.unit}/min is above "
+            f"rate over the {which}: {_fmt(self.rate)} {self.unit}/min"
+            f"{_over(self.window if self.reason != 'manual_ceiling' else None)} is above "
             f"{_fmt(self.limit)} {self.unit}/min for key {self.who} "
-            f"(blocked for {_seconds(self.retry_after)})"
+            f"(blocked for {_seconds(self.retry_after)}){advice}"
         )
+
+
+_COLD_ADVICE = (
+    "; the key has no established baseline yet. If this traffic is normal: "
+    "fuse.forgive(key) allows it at this hour of day, fuse.set_limit(key, ...) sets this "
+    "key's own ceiling, VelocityPolicy({option}=...) changes it for every new key"
+)
+_CEILINGS = {
+    "cold_start_ceiling": ("cold-start ceiling", _COLD_ADVICE.format(option="cold_start_limit")),
+    "cold_start_budget": (
+        "cold-start budget",
+        _COLD_ADVICE.format(option="cold_start_sustained"),
+    ),
+    "baseline_ceiling": (
+        "key's own ceiling",
+        "; the ceiling is the key's baseline times VelocityPolicy(ceiling_multiple=...)",
+    ),
+}
 
 
 class QuotaExhausted(FuseTripped):

@@ -45,6 +45,7 @@ from ._stores.ops import (
     UNSET,
     Admit,
     Configure,
+    Forgive,
     Gate,
     Op,
     ReadStatus,
@@ -61,11 +62,6 @@ Who = str | Identity
 
 _DEFAULT_VELOCITY = VelocityPolicy()
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_REFUSALS: dict[str, type[FuseTripped]] = {
-    "loop_suspected": LoopSuspected,
-    "manual_ceiling": CeilingExceeded,
-    "cold_start_ceiling": CeilingExceeded,
-}
 
 
 # Not frozen: built on every guarded call, and frozen dataclasses pay a setattr per field.
@@ -261,9 +257,25 @@ class Fuse:
     async def areset(self, who: Who) -> None:
         await self._async().arun(Reset(self._key(Identity.of(who))))
 
+    def forgive(self, who: Who) -> None:
+        """The key's last trip was legitimate: close the key at once, and teach that the rate
+        it tripped at is normal at that hour of day (UTC) and the next, for every process
+        sharing the store. A nightly job forgiven once passes on the following nights, while
+        the same rate at another hour still trips.
+
+        >>> fuse.forgive("nightly-batch")  # doctest: +SKIP
+        """
+        self._sync().run(Forgive(self._key(Identity.of(who))))
+
+    async def aforgive(self, who: Who) -> None:
+        await self._async().arun(Forgive(self._key(Identity.of(who))))
+
     def set_limit(self, who: Who, limit: float | str | None) -> None:
         """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
-        process sharing the store: it is read with the key's state on its next decision."""
+        process sharing the store: it is read with the key's state on its next decision.
+
+        While it is set it replaces the cold-start limits for this key, so a busy new key
+        need not wait days for its baseline: ``fuse.set_limit("team-key", 500_000)``."""
         self._sync().run(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
 
     async def aset_limit(self, who: Who, limit: float | str | None) -> None:
@@ -443,7 +455,8 @@ class Fuse:
 
     def _velocity_error(self, identity: Identity, verdict: VelocityVerdict) -> FuseTripped:
         reason = verdict.reason or "manual_ceiling"
-        return _REFUSALS.get(reason, CeilingExceeded)(
+        refusal = LoopSuspected if reason.startswith("loop_") else CeilingExceeded
+        return refusal(
             key=identity.label,
             rate=verdict.rate,
             limit=verdict.limit if verdict.limit is not None else 0.0,
@@ -452,6 +465,7 @@ class Fuse:
             retry_after=max(verdict.retry_after, 0.0),
             unit=self._velocity_for_reads.unit,
             reason=reason,
+            window=verdict.window,
             key_id=self._id(identity),
         )
 

@@ -286,17 +286,17 @@ def spend(state: core.VelocityState, minute: float, amount: float) -> core.Veloc
 @pytest.mark.parametrize(
     "spending",
     [
-        # Minute 1 idle, so there is no minute before the trip; the trip at minute 2.5 keeps
-        # the key open until 3.5, and an in-flight call lands in minute 3 while it is open.
+        # Minute 1 idle; the trip at minute 2.5 keeps the key open until 3.5, and an in-flight
+        # call lands in minute 3 while it is open.
         pytest.param(
-            [(0, 100), (2.5, 5_000), (3.2, 700), (5, 100), (7, 100), (9, 100)],
-            id="a-tripped-minute-and-an-open-minute-are-not-learned",
+            [(0, 100), (2.5, 5_000), (3.2, 700), (5, 100), (7, 100), (9, 100), (30, 100)],
+            id="the-window-of-a-trip-and-its-open-minutes-are-not-learned",
         ),
         # Minute 1 looked clean when it ended (the loop starting, under the limit); the trip
-        # in the next minute drops it.
+        # in the next minute drops it with the rest of the window.
         pytest.param(
-            [(0, 100), (1.5, 900), (2.2, 5_000), (4, 100), (6, 100), (8, 100)],
-            id="the-minute-before-a-trip-is-not-learned",
+            [(0, 100), (1.5, 900), (2.2, 5_000), (4, 100), (6, 100), (8, 100), (30, 100)],
+            id="the-minutes-before-a-trip-are-not-learned",
         ),
     ],
 )
@@ -304,19 +304,21 @@ def test_a_loop_is_not_learned(spending: list[tuple[float, float]]) -> None:
     state = core.new_state(T0)
     trips = [spend(state, minute, amount).tripped for minute, amount in spending]
     assert trips.count(True) == 1
-    # Learned: minute 0 and the first minute of 100 after the trip (the next one waits as
-    # pending). Learning any minute of the loop would add a sample and lift the baseline.
-    assert state.samples == 2
+    # Learned: the three minutes of 100 after the key closed, once they left the 10-minute
+    # window (the call at minute 30). Learning any minute up to the trip, or while the key was
+    # open, would add a sample and lift the baseline.
+    assert state.samples == 3
     assert state.baseline == pytest.approx(100, rel=1e-12)
 
 
-def test_a_clean_minute_is_learned_one_minute_late() -> None:
+def test_a_clean_minute_is_learned_when_it_leaves_the_ten_minute_window() -> None:
     state = core.new_state(T0)
     spend(state, 0, 100)
     spend(state, 1, 300)
-    assert state.samples == 0  # minute 0 waits while minute 1 could still trip
-    spend(state, 2, 100)
+    spend(state, 10.5, 100)
+    assert state.samples == 0  # minute 0 is still in the window: a trip now would drop it
+    spend(state, 11, 100)
     assert (state.samples, state.baseline) == (1, 100)
-    spend(state, 3, 100)
+    spend(state, 12, 100)
     assert state.samples == 2
     assert 100 < state.baseline < 300

@@ -36,6 +36,7 @@ from tokenfuse._stores.ops import (
     UNSET,
     Admit,
     Configure,
+    Forgive,
     Gate,
     Op,
     ReadStatus,
@@ -57,6 +58,12 @@ velocity_policies = st.builds(
     learning_period=st.sampled_from([0.0, 30.0]) | st.floats(0, 900, **finite),
     min_samples=st.integers(0, 5),
     cold_start_limit=st.none() | rates | st.floats(20_000, 1e7, **finite),
+    cold_start_sustained=st.none() | rates | st.floats(20_000, 1e7, **finite),
+    sustained_multiple=st.floats(0.5, 10, **finite),
+    sustained_baseline_multiple=st.floats(0.5, 8, **finite),
+    early_threshold=st.none() | st.floats(0.5, 15, **finite),
+    ceiling_multiple=st.none() | st.floats(1, 200, **finite),
+    learn_clip=st.floats(1, 10, **finite),
     half_life=st.floats(30, 3 * 86_400, **finite),
     cooldown=st.floats(0.5, 120, **finite),
     cooldown_max=st.floats(1, 3_600, **finite),
@@ -92,7 +99,10 @@ def operations(draw: st.DrawFn, keys: int) -> tuple[Any, ...]:
     key = KEYS[draw(st.integers(0, keys - 1))]
     kind = draw(
         st.sampled_from(
-            ["record"] * 6 + ["gate"] * 2 + ["admit"] * 4 + ["reset", "configure", "batch"]
+            ["record"] * 6
+            + ["gate"] * 2
+            + ["admit"] * 4
+            + ["reset", "configure", "batch", "forgive"]
         )
     )
     if kind == "record":
@@ -130,6 +140,73 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     )
 
 
+# A key that learns quickly, so that short sequences reach every rule of an established key.
+learning_policies = st.builds(
+    VelocityPolicy,
+    limit=st.none(),
+    spike_multiple=st.floats(2, 12, **finite),
+    min_baseline=st.floats(0, 50, **finite),
+    learning_period=st.just(0.0),
+    min_samples=st.integers(1, 5),
+    cold_start_limit=st.none() | st.floats(1_000, 50_000, **finite),
+    cold_start_sustained=st.none() | st.floats(500, 20_000, **finite),
+    sustained_multiple=st.floats(1, 8, **finite),
+    sustained_baseline_multiple=st.floats(1, 6, **finite),
+    early_threshold=st.floats(1, 10, **finite),
+    ceiling_multiple=st.none() | st.floats(2, 60, **finite),
+    learn_clip=st.floats(1, 6, **finite),
+    half_life=st.floats(600, 86_400, **finite),
+    cooldown=st.floats(5, 120, **finite),
+)
+RuleOp = tuple[float, tuple[Any, ...], bool]
+
+
+@st.composite
+def misbehaviour(draw: st.DrawFn, base: float, call: float) -> list[RuleOp]:
+    """What each rule watches for, with drawn sizes and paces (``base`` per minute in calls
+    of ``call``): a burst of calls (early check, spike), large calls repeating (sparse, own
+    ceiling), a sustained rise (sustained)."""
+    pattern = draw(st.sampled_from(["burst", "large", "sustained"]))
+    record = ("record", "alpha")
+    if pattern == "burst":
+        gap = draw(st.floats(0.05, 3, **finite))
+        size = call * draw(st.floats(0.3, 3, **finite))
+        return [(gap, (*record, size), False)] * draw(st.integers(5, 60))
+    if pattern == "large":
+        size = base * draw(st.floats(5, 500, **finite))
+        gap = draw(st.floats(30, 200, **finite))
+        return [(gap, (*record, size), draw(st.booleans())) for _ in range(draw(st.integers(2, 6)))]
+    multiple = draw(st.floats(1.5, 10, **finite))
+    gap = draw(st.floats(5, 40, **finite))
+    return [(gap, (*record, base * multiple * gap / 60), False)] * draw(st.integers(10, 90))
+
+
+@st.composite
+def rule_scenarios(draw: st.DrawFn) -> Scenario:
+    """A key that learns a baseline (or, for a new key, none), then misbehaves."""
+    base = draw(st.sampled_from([100.0, 250.0, 1_000.0]))
+    every = draw(st.floats(10, 60, **finite))
+    minutes = draw(st.sampled_from([0, 20, 40]))
+    ops: list[RuleOp] = [
+        (every, ("record", "alpha", base * every / 60 * draw(st.floats(0.5, 1.5))), False)
+        for _ in range(int(minutes * 60 / every))
+    ]
+    misbehaving = draw(misbehaviour(base, base * every / 60))
+    ops += misbehaving
+    if draw(st.booleans()):  # forgiven: the same again, an hour or a day later
+        ops.append((draw(st.floats(0, 120, **finite)), ("forgive", "alpha"), False))
+        ops.append((draw(st.sampled_from([3_600.0, 86_400.0])), ("gate", "alpha"), False))
+        ops += misbehaving
+    ops += draw(st.lists(st.tuples(steps, operations(1), st.booleans()), max_size=8))
+    return Scenario(
+        start=1_767_225_600.0 + draw(st.floats(0, 86_400, **finite)),
+        velocity=draw(learning_policies),
+        bucket=draw(bucket_policies),
+        keys=1,
+        ops=ops,
+    )
+
+
 def operation(drawn: tuple[Any, ...], scenario: Scenario) -> Op[Any]:
     """The store operation a drawn step stands for."""
     kind, key, *args = drawn
@@ -144,6 +221,8 @@ def operation(drawn: tuple[Any, ...], scenario: Scenario) -> Op[Any]:
         velocity = scenario.velocity if with_velocity else None
         bucket = scenario.bucket if with_bucket else None
         return Admit(key, cost=cost, amount=amount, velocity=velocity, bucket=bucket)
+    if kind == "forgive":
+        return Forgive(key)
     if kind == "reset":
         return Reset(key)
     limit, capacity, rate = args
@@ -190,6 +269,8 @@ def check(scenario: Scenario, client: redis.Redis) -> None:
             entries = [memory._entries.get(key) for key in keys]
             states = [(e.velocity, e.bucket) if e else (None, None) for e in entries]
             assert read_states(client, prefix, keys) == states, f"state after step {step}: {op}"
+            if any(v is not None and any(v.profile) for v, _ in states):
+                event("hourly allowance taught by forgive")
         for key in keys:
             read = ReadStatus(key, scenario.velocity, scenario.bucket)
             status = memory.run(read)
@@ -227,7 +308,7 @@ BOUNDARIES = [
 
 @pytest.mark.redis
 @differential(300)
-@given(scenario=scenarios())
+@given(scenario=scenarios() | rule_scenarios())
 @example(scenario=BOUNDARIES[0])
 @example(scenario=BOUNDARIES[1])
 @example(scenario=BOUNDARIES[2])
@@ -240,7 +321,7 @@ def test_lua_on_redis_is_the_core(scenario: Scenario, redis_url: str) -> None:
 
 
 @differential(40)
-@given(scenario=scenarios())
+@given(scenario=scenarios() | rule_scenarios())
 @example(scenario=BOUNDARIES[0])
 def test_lua_on_fakeredis_is_the_core(scenario: Scenario) -> None:
     """fakeredis has no ``struct`` library: this also checks the Lua fallback packing."""

@@ -21,7 +21,7 @@ from tests.conftest import Clock
 from tests.stores.conftest import OwnRedis
 from tokenfuse import CeilingExceeded, Fuse, StoreUnavailable, VelocityPolicy
 from tokenfuse._stores.open_keys import STALE_AFTER, OpenKeys
-from tokenfuse._stores.ops import Gate, Record, RecordBatch, Reset
+from tokenfuse._stores.ops import Admit, Forgive, Gate, Op, Record, RecordBatch, Reset
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_codec import key_of
 
@@ -212,6 +212,64 @@ def test_a_reset_is_learned_by_every_view(two_stores: tuple[RedisStore, RedisSto
     a.run(Reset("r"))
     assert view_of(b).wait_until(lambda v: key not in v._open, WAIT)
     assert b.run(Gate("r")).allowed
+
+
+def test_a_forgive_is_learned_by_every_view_like_a_reset(
+    two_stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, b = two_stores
+    assert view_of(a).wait_synced(WAIT) and view_of(b).wait_synced(WAIT)
+    key = key_of(a.prefix, "f")
+    a.run(Record("f", 500.0, POLICY))
+    assert view_of(b).wait_until(lambda v: key in v._open, WAIT)
+    client = b._clients.sync_client()
+    marker = f"{b.prefix}:open:{{f}}"
+    assert client.exists(marker)
+    a.run(Forgive("f"))
+    assert view_of(a).answer(key) is not None  # its own mark forgotten at once
+    assert view_of(b).wait_until(lambda v: key not in v._open, WAIT)
+    assert not client.exists(marker)
+    assert b.run(Gate("f")).allowed
+
+
+# Each rule of detection v2 that a new key can trip, and each operation that records.
+COLD = VelocityPolicy(limit=None, cold_start_limit=1_000, cold_start_sustained=600)
+TRIPS: list[tuple[str, VelocityPolicy, Op[object]]] = [
+    ("manual_ceiling", POLICY, Record("t", 500.0, POLICY)),
+    ("cold_start_ceiling", COLD, Record("t", 5_000.0, COLD)),
+    ("cold_start_ceiling", COLD, RecordBatch("t", (600.0, 600.0), COLD)),
+    ("manual_ceiling", POLICY, Admit("t", cost=0.0, amount=500.0, velocity=POLICY, bucket=None)),
+]
+
+
+@pytest.mark.parametrize(("reason", "policy", "op"), TRIPS)
+def test_a_trip_of_any_rule_reaches_every_view_with_the_stores_own_refusal(
+    two_stores: tuple[RedisStore, RedisStore],
+    redis_url: str,
+    redis_prefix: str,
+    reason: str,
+    policy: VelocityPolicy,
+    op: Op[object],
+) -> None:
+    a, b = two_stores
+    assert view_of(b).wait_synced(WAIT)
+    a.run(op)
+    key = key_of(b.prefix, "t")
+    assert view_of(b).wait_until(lambda v: key in v._open, WAIT)
+    from_view = view_of(b).answer(key)
+    direct = RedisStore.from_url(redis_url, prefix=redis_prefix, open_keys=False)
+    try:
+        from_store = direct.run(Gate("t"))
+    finally:
+        direct.close()
+    assert from_view is not None and not from_view.allowed
+    assert from_view.reason == from_store.reason == reason
+    assert from_view.window == from_store.window is not None
+    assert (from_view.rate, from_view.limit, from_view.baseline) == (
+        from_store.rate,
+        from_store.limit,
+        from_store.baseline,
+    )
 
 
 def test_a_key_this_process_tripped_is_allowed_again_once_the_store_says_so(

@@ -56,7 +56,7 @@ QUICK = VelocityPolicy(learning_period=0, min_samples=3, min_baseline=100)
 def trained_fuse(clock: Clock, *keys: str | Identity, per_minute: float = 1_000) -> Fuse:
     """A fuse whose ``keys`` have an established baseline of ``per_minute`` tokens."""
     fuse = Fuse(MemoryStore(clock=clock), velocity=QUICK)
-    for _ in range(6):
+    for _ in range(14):  # a minute is learned once it leaves the 10-minute window
         for key in keys:
             fuse.record(key, per_minute)
         clock.advance(60)

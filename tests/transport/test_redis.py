@@ -40,7 +40,7 @@ def learned(fuse: Fuse, key: str) -> None:
 
 
 def train(fuse: Fuse, clock: Clock) -> None:
-    for _ in range(6):
+    for _ in range(14):  # a minute is learned once it leaves the 10-minute window
         fuse.record("agent-1", 1_000)
         clock.advance(60)
 

@@ -146,6 +146,7 @@ def test_a_partial_but_counted_stream_is_not_called_unknown(
 
 # Arms on the baseline that estimated calls teach it (about 40 tokens a call, a call a minute).
 POLICY = VelocityPolicy(learning_period=0, min_samples=3, min_baseline=20)
+WARM_UP = 15  # minutes of normal pace: a minute is learned once it leaves the 10-minute window
 TASK = [
     {"role": "system", "content": "You are a coding agent. Use the tools to finish the task."},
     {"role": "user", "content": "Find the failing test in the repository and fix it."},
@@ -205,7 +206,7 @@ def test_a_looping_agent_whose_streams_report_no_usage_is_stopped(
     transport = FuseTransport(fuse=fuse, **options)
     key = f"sk-loop-{uuid.uuid4().hex}"
     ask = streaming_agent(llm_server, transport, key)
-    for _ in range(5):  # its normal pace: a call a minute
+    for _ in range(WARM_UP):  # its normal pace: a call a minute
         ask(TASK)
         clock.advance(60)
     stopped = counted != "unknown"
@@ -223,7 +224,7 @@ def test_a_looping_agent_whose_streams_report_no_usage_is_stopped(
             calls += 1
     except LoopSuspected as exc:
         refusal = exc
-    billed = sum(llm_server.billed[sent - 5 :])  # the server's own count, asked for or not
+    billed = sum(llm_server.billed[sent - WARM_UP :])  # the server's own count, asked for or not
     print(  # -rP
         f"{counted}: {calls} looping calls answered before the refusal ({refusal is not None}); "
         f"billed {billed} tokens, recorded {recorded.total:.0f} ({recorded.total / billed:.2f}x)"
@@ -241,5 +242,9 @@ def test_a_looping_agent_whose_streams_report_no_usage_is_stopped(
     assert asked == [counted == "asked"] * calls
     if counted == "asked":
         assert recorded.total == billed  # exact
-    expected = {"asked": (0, 0), "estimated": (5 + calls, 0), "unknown": (0, 5 + calls)}
+    expected = {
+        "asked": (0, 0),
+        "estimated": (WARM_UP + calls, 0),
+        "unknown": (0, WARM_UP + calls),
+    }
     assert (fuse.stats.usage.estimated, fuse.stats.usage.unknown) == expected[counted]

@@ -84,9 +84,9 @@ def status_of(
         if bucket_state is not None:
             capacity, rate = _bucket.limits_of(bucket_state, bucket)
             level = _bucket.level(bucket_state, now, capacity, rate)
-    state = velocity_state
-    if state is None:
+    if velocity_state is None:
         return Status(key=key, bucket_level=level, bucket_capacity=capacity, bucket_rate=rate)
+    state = _velocity.as_of(velocity_state, now, velocity)  # minutes now due, learned
     established = _velocity.established(state, now, velocity)
     return Status(
         key=key,

@@ -21,6 +21,7 @@ from .._events import logger
 from .ops import (
     Admit,
     Configure,
+    Forgive,
     Gate,
     KeyPage,
     ListKeys,
@@ -72,8 +73,8 @@ class _Entry:
 class MemoryStore:
     """State in this process only: zero setup, thread-safe, bounded.
 
-    At most ``max_keys`` identities are held (about 1.1 KB each: the default of 20,000 is
-    about 22 MB, room for every caller of a small service). Past that, the least recently used
+    At most ``max_keys`` identities are held (about 1.75 KB each: the default of 20,000 is
+    about 35 MB, room for every caller of a small service). Past that, the least recently used
     entry *without live state* is evicted, so a flood of made-up identities costs a fixed
     amount of memory and cannot erase what matters: an open (tripped) key, a live
     ``set_limit``/``set_bucket``, or a drained bucket stays while ordinary entries remain among
@@ -242,6 +243,11 @@ class MemoryStore:
         if entry is not None and entry.bucket is not None:
             entry.bucket.tokens = _bucket.FULL
 
+    def _forgive(self, op: Forgive, now: float) -> None:
+        entry = self._live(op.key, now)
+        if entry is not None and entry.velocity is not None:
+            _velocity.forgive(entry.velocity)
+
     def _configure(self, op: Configure, now: float) -> None:
         entry = self._entry(op.key, now)
         if not isinstance(op.limit, Unset):
@@ -267,5 +273,6 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     ReadStatus: MemoryStore._status,
     ListKeys: MemoryStore._list,
     Reset: MemoryStore._reset,
+    Forgive: MemoryStore._forgive,
     Configure: MemoryStore._configure,
 }

@@ -7,9 +7,9 @@ its gates from it, as soon as it can trust it:
 * **Learning.** The scripts announce every change of a latch (``lua/_lib.lua``,
   "Announcements"): a trip PUBLISHes ``o <open_until> <refusal> <key>`` on
   ``<prefix>:open-keys`` and keeps a marker ``<prefix>:open:{<key>}`` that expires with the
-  latch; a reset PUBLISHes ``c <key>`` and deletes the marker. A background thread subscribes
-  to the channel and applies each message as it comes. Plain PUBLISH reaches every node of a
-  Cluster, so one subscription on any node hears them all.
+  latch; a reset or a forgive PUBLISHes ``c <key>`` and deletes the marker. A background
+  thread subscribes to the channel and applies each message as it comes. Plain PUBLISH
+  reaches every node of a Cluster, so one subscription on any node hears them all.
 * **Trust.** The view answers only once it is *synced*: subscribed (the server confirmed it),
   then every marker read (one SCAN over every primary), so no trip made before the
   subscription is missed. A message that arrives meanwhile waits in the socket and is applied
@@ -48,7 +48,7 @@ from typing import Any
 
 from .._core.admission import AdmitVerdict
 from .._core.velocity import REASON_CODES, VelocityVerdict
-from .ops import Admit, Gate, Op, Record, RecordBatch, Reset
+from .ops import Admit, Forgive, Gate, Op, Record, RecordBatch, Reset
 
 __all__ = ["HEARTBEAT", "STALE_AFTER", "OpenKeyCounts", "OpenKeys"]
 
@@ -65,8 +65,9 @@ CONFIRM_WITHIN = 2.0
 _LOG_EVERY = 60.0
 
 # A refusal as the scripts write it: '0 0 <reason> <rate> <limit> <baseline> <multiple>
-# <retry_after>'; the view keeps the middle five fields.
-Refusal = tuple[str | None, float, float | None, float | None, float | None]
+# <retry_after> <window>'; the view keeps all but allowed, tripped and retry_after.
+Refusal = tuple[str | None, float, float | None, float | None, float | None, float | None]
+_REFUSAL_FIELDS = 9
 
 
 @dataclass(slots=True)
@@ -89,13 +90,14 @@ def _maybe(text: str) -> float | None:
 
 
 def _refusal(fields: list[str]) -> Refusal:
-    """The 8 fields of a gate's refusal, minus allowed, tripped and retry_after."""
+    """The 9 fields of a gate's refusal, minus allowed, tripped and retry_after."""
     return (
         REASON_CODES.get(int(fields[2])),
         float(fields[3]),
         _maybe(fields[4]),
         _maybe(fields[5]),
         _maybe(fields[6]),
+        _maybe(fields[8]),
     )
 
 
@@ -171,9 +173,9 @@ class OpenKeys:
                 if refusal is None:
                     self.counts.round_trips += 1
                     return None
-                reason, rate, limit, baseline, multiple = refusal
+                reason, rate, limit, baseline, multiple, window = refusal
                 return VelocityVerdict(False, False, reason, rate, limit, baseline, multiple,
-                                       until - now)  # fmt: skip
+                                       until - now, window)  # fmt: skip
             self._open.pop(key, None)
         self.counts.local += 1
         return VelocityVerdict(allowed=True)
@@ -182,8 +184,8 @@ class OpenKeys:
         """What a decision of this process, made by the store, tells the view.
 
         A trip marks the key at once: its gates go to the store (which refuses), so the very
-        next call is refused. A reset forgets it; so does a gate the store allowed (the
-        cooldown ran out, or another process reset the key).
+        next call is refused. A reset or a forgive forgets it; so does a gate the store
+        allowed (the cooldown ran out, or another process reset or forgave the key).
         """
         kind = type(op)
         if kind is Gate:
@@ -195,7 +197,7 @@ class OpenKeys:
             verdict = result.velocity if isinstance(result, AdmitVerdict) else result
             if isinstance(verdict, VelocityVerdict) and verdict.tripped:
                 self._open[key] = (float("inf"), None)
-        elif kind is Reset:
+        elif kind is Reset or kind is Forgive:
             self._open.pop(key, None)
 
     # -- the subscriber thread -------------------------------------------------------------------
@@ -282,9 +284,10 @@ class OpenKeys:
         """Apply one announcement (the scripts' message format, ``lua/_lib.lua``)."""
         kind, _, rest = text.partition(" ")
         if kind == "o":
-            fields = rest.split(" ", 9)
-            if len(fields) == 10:
-                self._opened(fields[9], float(fields[0]), fields[1:9])
+            # '<open_until> <refusal> <key>': the key last, as it may hold spaces.
+            fields = rest.split(" ", _REFUSAL_FIELDS + 1)
+            if len(fields) == _REFUSAL_FIELDS + 2:
+                self._opened(fields[-1], float(fields[0]), fields[1:-1])
         elif kind == "c" and self._announced(rest):
             self._open.pop(rest, None)
         self._notify()
@@ -320,7 +323,10 @@ class OpenKeys:
             until = open_until if server_now is None else now + (open_until - server_now)
             if until > now:
                 tagged = _text(name)[self._marker_start :]
-                found[f"{self._prefix}:{tagged}"] = (until, _refusal(fields[1:9]))
+                found[f"{self._prefix}:{tagged}"] = (
+                    until,
+                    _refusal(fields[1 : _REFUSAL_FIELDS + 1]),
+                )
         # In place: a trip this process marks meanwhile (from another thread) must not be lost.
         # Own marks not yet announced stay; everything else is what the markers say.
         for key, (_, refusal) in list(self._open.items()):

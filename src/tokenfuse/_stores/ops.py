@@ -26,6 +26,7 @@ __all__ = [
     "UNSET",
     "Admit",
     "Configure",
+    "Forgive",
     "Gate",
     "KeyPage",
     "ListKeys",
@@ -129,6 +130,15 @@ class Reset(Op[None]):
     learned and its live overrides stay (``velocity.reset``)."""
 
     name: ClassVar[str] = "reset"
+    key: str
+
+
+@dataclass(slots=True)
+class Forgive(Op[None]):
+    """Close the key at once and teach that the rate of its last trip is normal at that hour
+    of day, so the same traffic passes there from now on (``velocity.forgive``)."""
+
+    name: ClassVar[str] = "forgive"
     key: str
 
 

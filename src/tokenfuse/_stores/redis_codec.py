@@ -16,9 +16,28 @@ from typing import Any, Generic, TypeVar
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
 from .._core.status import Status, status_of
-from .._core.velocity import REASON_CODES, SLOTS, VelocityPolicy, VelocityState, VelocityVerdict
+from .._core.velocity import (
+    LONG_SLOTS,
+    PROFILE_WORDS,
+    REASON_CODES,
+    SLOTS,
+    VelocityPolicy,
+    VelocityState,
+    VelocityVerdict,
+)
 from .._errors import ConfigurationError
-from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, RecordBatch, Reset, Unset
+from .ops import (
+    Admit,
+    Configure,
+    Forgive,
+    Gate,
+    Op,
+    ReadStatus,
+    Record,
+    RecordBatch,
+    Reset,
+    Unset,
+)
 
 __all__ = [
     "BUCKET_BLOCK",
@@ -26,6 +45,7 @@ __all__ = [
     "CODECS",
     "VELOCITY_BLOCK",
     "VELOCITY_LAYOUT",
+    "VELOCITY_RINGS",
     "Codec",
     "bucket_state",
     "key_of",
@@ -41,23 +61,33 @@ __all__ = [
 # cluster slot), written with its TTL by every operation that writes. It holds up to two
 # blocks of little-endian doubles, each only when the identity has that state, in this order:
 #
-#   velocity block  VELOCITY_LAYOUT, amounts[0..12], largest[0..12],   44 doubles, 352 bytes
+#   velocity block  VELOCITY_LAYOUT, the rings of VELOCITY_RINGS,      87 doubles, 696 bytes
 #                   limit_override
 #   bucket block    BUCKET_LAYOUT, capacity_override, rate_override      8 doubles,  64 bytes
 #
-# so the string is 352, 64 or 416 bytes long and its length says which blocks it holds.
+# so the string is 696, 64 or 760 bytes long and its length says which blocks it holds. The
+# forgiven hourly allowances (``profile``) are 24 bytes, six to a double.
 # Integers (``_V_INTS``, ``_B_INTS``) and ``alerted`` (0 or 1) are stored as doubles too; an
 # override of -1 means none.
 
 VELOCITY_LAYOUT = (
-    "first_seen", "head", "minute", "minute_amount", "pending_minute", "pending_amount",
-    "baseline", "weight", "samples", "learned_at", "open_until", "strikes", "last_trip",
-    "trip_reason", "trip_rate", "trip_limit", "trip_baseline",
+    "first_seen", "open_until", "head", "minute_head", "baseline", "calls", "weight", "samples",
+    "learned_at", "discard_through", "strikes", "last_trip", "trip_reason", "trip_rate",
+    "trip_limit", "trip_baseline", "trip_window", "early_level", "early_at", "early_since",
+    "early_amount", "excused_slot", "excused_amount",
+)  # fmt: skip
+VELOCITY_RINGS = (
+    ("amounts", SLOTS), ("largest", SLOTS), ("minute_amounts", LONG_SLOTS),
+    ("minute_largest", LONG_SLOTS), ("minute_calls", LONG_SLOTS), ("profile", PROFILE_WORDS),
 )  # fmt: skip
 BUCKET_LAYOUT = ("tokens", "updated", "use_minute", "use_amount", "hot_since", "alerted")
-VELOCITY_BLOCK = struct.Struct("<" + "d" * (len(VELOCITY_LAYOUT) + 2 * SLOTS + 1))
+VELOCITY_BLOCK = struct.Struct(
+    "<" + "d" * (len(VELOCITY_LAYOUT) + sum(size for _, size in VELOCITY_RINGS) + 1)
+)
 BUCKET_BLOCK = struct.Struct("<" + "d" * (len(BUCKET_LAYOUT) + 2))
-_V_INTS = frozenset({"head", "minute", "pending_minute", "samples", "strikes", "trip_reason"})
+_V_INTS = frozenset(
+    {"head", "minute_head", "samples", "discard_through", "strikes", "trip_reason", "excused_slot"}
+)
 _B_INTS = frozenset({"use_minute", "hot_since"})
 
 
@@ -70,13 +100,15 @@ def key_of(prefix: str, key: str) -> str:
 
 
 def velocity_state(numbers: Sequence[float], limit_override: float = -1.0) -> VelocityState:
-    """The core's state object from the velocity block's doubles (``VELOCITY_LAYOUT``)."""
+    """The core's state object from the velocity block's doubles (``VELOCITY_LAYOUT``, then
+    ``VELOCITY_RINGS``)."""
     state = VelocityState(first_seen=numbers[0])
-    scalars = len(VELOCITY_LAYOUT)
-    for name, value in zip(VELOCITY_LAYOUT[1:], numbers[1:scalars], strict=True):
+    at = len(VELOCITY_LAYOUT)
+    for name, value in zip(VELOCITY_LAYOUT[1:], numbers[1:at], strict=True):
         setattr(state, name, int(value) if name in _V_INTS else value)
-    state.amounts = list(numbers[scalars : scalars + SLOTS])
-    state.largest = list(numbers[scalars + SLOTS : scalars + 2 * SLOTS])
+    for name, size in VELOCITY_RINGS:
+        setattr(state, name, list(numbers[at : at + size]))
+        at += size
     state.limit_override = limit_override
     return state
 
@@ -114,7 +146,7 @@ def states_of(raw: bytes) -> tuple[VelocityState | None, BucketState | None]:
 
 Args = tuple[str | bytes, ...]
 
-_VELOCITY_POLICY = struct.Struct("<10d")
+_VELOCITY_POLICY = struct.Struct("<16d")
 _BUCKET_POLICY = struct.Struct("<4d")
 
 
@@ -137,7 +169,13 @@ def _velocity_policy(policy: VelocityPolicy | None) -> bytes:
         policy.learning_period,
         policy.min_samples,
         _none_as_minus_one(policy.cold_start_limit),
+        _none_as_minus_one(policy.cold_start_sustained),
         policy.half_life,
+        policy.sustained_multiple,
+        policy.sustained_baseline_multiple,
+        _none_as_minus_one(policy.early_threshold),
+        _none_as_minus_one(policy.ceiling_multiple),
+        policy.learn_clip,
         policy.cooldown,
         policy.cooldown_max,
         policy.escalation_window,
@@ -176,7 +214,7 @@ def _admit_args(op: Admit, now: str, ttl: str) -> Args:
     return (now, ttl, _number(op.cost), _number(op.amount), velocity, bucket)
 
 
-def _reset_args(op: Reset, now: str, ttl: str) -> Args:
+def _ttl_only(op: Reset | Forgive, now: str, ttl: str) -> Args:
     return (ttl,)
 
 
@@ -195,7 +233,7 @@ def _maybe(text: bytes | str) -> float | None:
 
 
 def _velocity_fields(fields: Sequence[Any]) -> VelocityVerdict:
-    allowed, tripped, reason, rate, limit, baseline, multiple, retry_after = fields
+    allowed, tripped, reason, rate, limit, baseline, multiple, retry_after, window = fields
     return VelocityVerdict(
         allowed=int(allowed) == 1,
         tripped=int(tripped) == 1,
@@ -205,6 +243,7 @@ def _velocity_fields(fields: Sequence[Any]) -> VelocityVerdict:
         baseline=_maybe(baseline),
         multiple=_maybe(multiple),
         retry_after=float(retry_after),
+        window=_maybe(window),
     )
 
 
@@ -231,8 +270,8 @@ def _admit_verdict(op: Admit, reply: bytes | str) -> AdmitVerdict:
     fields = reply.split()
     return AdmitVerdict(
         allowed=int(fields[0]) == 1,
-        velocity=None if int(fields[1]) < 0 else _velocity_fields(fields[1:9]),
-        bucket=None if int(fields[9]) < 0 else _bucket_fields(fields[9:15]),
+        velocity=None if int(fields[1]) < 0 else _velocity_fields(fields[1:10]),
+        bucket=None if int(fields[10]) < 0 else _bucket_fields(fields[10:16]),
     )
 
 
@@ -246,7 +285,7 @@ def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
     return status_of(op.key, vstate, bstate, now, op.velocity, op.bucket)
 
 
-def _nothing(op: Reset | Configure, reply: object) -> None:
+def _nothing(op: Reset | Forgive | Configure, reply: object) -> None:
     return None
 
 
@@ -274,6 +313,7 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     RecordBatch: Codec(_record_batch_args, _velocity_verdict),
     Admit: Codec(_admit_args, _admit_verdict),
     ReadStatus: Codec(_now_only, _status),
-    Reset: Codec(_reset_args, _nothing),
+    Reset: Codec(_ttl_only, _nothing),
+    Forgive: Codec(_ttl_only, _nothing),
     Configure: Codec(_configure_args, _nothing),
 }

@@ -3,9 +3,9 @@ _lib.lua: the policy core (tokenfuse/_core/velocity.py, bucket.py, admission.py)
 
 Prepended to every operation's script when it is loaded, so each script is one self-contained
 chunk and no rule is written twice. Every function mirrors the Python function of the same
-name with the same arithmetic in the same order: Lua numbers are IEEE doubles and exp/pow come
-from the same libm, so the results are bit-identical to the core's (the differential test
-reads the state back from Redis and compares it field by field).
+name with the same arithmetic in the same order: Lua numbers are IEEE doubles and exp, log
+and pow come from the same libm, so the results are bit-identical to the core's (the
+differential test reads the state back from Redis and compares it field by field).
 
 Redis runs a script's whole chunk on every EVALSHA, and each function definition costs a
 closure then, more for each outer local it captures; so the loader (redis_scripts.py) writes
@@ -18,10 +18,11 @@ a velocity block, then a bucket block, each only when the identity has that stat
 little-endian doubles in this order (the layout table is in redis_codec.py, the reasons for
 it in docs/design.md#state-layout); load_velocity, load_bucket and save follow it:
 
-  velocity block (44 doubles): first_seen, head, minute, minute_amount, pending_minute,
-    pending_amount, baseline, weight, samples, learned_at, open_until, strikes, last_trip,
-    trip_reason, trip_rate, trip_limit, trip_baseline, amounts[0..12], largest[0..12],
-    limit_override
+  velocity block (87 doubles): first_seen, open_until, head, minute_head, baseline, calls,
+    weight, samples, learned_at, discard_through, strikes, last_trip, trip_reason, trip_rate,
+    trip_limit, trip_baseline, trip_window, early_level, early_at, early_since, early_amount,
+    excused_slot, excused_amount, amounts[0..12], largest[0..12], minute_amounts[0..10],
+    minute_largest[0..10], minute_calls[0..10], profile[0..3], limit_override
   bucket block (8 doubles): tokens, updated, use_minute, use_amount, hot_since, alerted,
     capacity_override, rate_override
 
@@ -33,19 +34,29 @@ local SLOT_SECONDS = 5.0
 local SLOTS = 13
 local WINDOW_SECONDS = 60.0
 local MINUTE = 60.0
+local LONG_WINDOW = 600.0
+local LONG_SLOTS = 11
+local HOUR = 3600.0
+local PROFILE_WORDS = 4
 local LN2 = 0.69314718055994529 -- math.log(2.0), to the last bit
-local MANUAL = 1 -- trip reasons
+local MANUAL = 1 -- trip reasons: velocity.REASON_CODES
 local LOOP = 2
 local COLD = 3
+local SPARSE = 4
+local EARLY = 5
+local SUSTAINED = 6
+local TOP = 7
+local BUDGET = 8
 local FULL = -1.0
 local EPSILON = 1e-6 -- bucket.py: float resolution of timestamps near 1.7e9
 -- struct formats: little-endian doubles; literals, as building them costs on every call
-local V_FORMAT = '<dddddddddddddddddddddddddddddddddddddddddddd' -- 44: velocity block
+local V_FORMAT = '<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- 87: velocity block
 local B_FORMAT = '<dddddddd' -- 8: bucket block
-local OPEN_FORMAT = '<ddddddddddd' -- 11: the velocity block up to open_until (the gate's)
-local V_SIZE = 352 -- bytes of the velocity block
+local OPEN_FORMAT = '<dd' -- 2: the velocity block up to open_until (the gate's)
+local V_SIZE = 696 -- bytes of the velocity block
 local B_SIZE = 64 -- bytes of the bucket block
-local VP_FORMAT = '<dddddddddd' -- 10: velocity policy
+local V_SCALARS = 23 -- the velocity block's numbers before its rings
+local VP_FORMAT = '<dddddddddddddddd' -- 16: velocity policy
 local BP_FORMAT = '<dddd' -- 4: bucket policy
 
 -- ---------------------------------------------------------------------------------------------
@@ -129,15 +140,21 @@ end
 
 local function velocity_params(arg)
   if arg == '' then return nil end
-  local limit, spike, min_baseline, learning, samples, cold, half_life, cooldown, cooldown_max,
-    escalation = unpack_doubles(VP_FORMAT, arg)
+  local limit, spike, min_baseline, learning, samples, cold, cold_sustained, half_life,
+    sustained, sustained_baseline, early, ceiling, clip, cooldown, cooldown_max, escalation =
+    unpack_doubles(VP_FORMAT, arg)
   if limit < 0 then limit = nil end
   if cold < 0 then cold = nil end
+  if cold_sustained < 0 then cold_sustained = nil end
+  if early < 0 then early = nil end
+  if ceiling < 0 then ceiling = nil end
   return {
     limit = limit, spike_multiple = spike, min_baseline = min_baseline,
     learning_period = learning, min_samples = samples, cold_start_limit = cold,
-    half_life = half_life, cooldown = cooldown, cooldown_max = cooldown_max,
-    escalation_window = escalation,
+    cold_start_sustained = cold_sustained, half_life = half_life,
+    sustained_multiple = sustained, sustained_baseline_multiple = sustained_baseline,
+    early_threshold = early, ceiling_multiple = ceiling, learn_clip = clip,
+    cooldown = cooldown, cooldown_max = cooldown_max, escalation_window = escalation,
   }
 end
 
@@ -160,37 +177,56 @@ local function load_state(key)
   return s
 end
 
+local function zeros(count)
+  local t = {}
+  for i = 1, count do t[i] = 0.0 end
+  return t
+end
+
 local function new_velocity(now)
-  local ring, top = {}, {}
-  for i = 1, SLOTS do
-    ring[i] = 0.0
-    top[i] = 0.0
-  end
   return {
-    first_seen = now, head = -1, minute = -1, minute_amount = 0.0, pending_minute = -1,
-    pending_amount = 0.0, baseline = 0.0, weight = 0.0, samples = 0, learned_at = 0.0,
-    open_until = 0.0, strikes = 0, last_trip = 0.0, trip_reason = 0, trip_rate = 0.0,
-    trip_limit = 0.0, trip_baseline = -1.0, limit_override = -1.0, amounts = ring,
-    largest = top,
+    first_seen = now, open_until = 0.0, head = -1, minute_head = -1, baseline = 0.0,
+    calls = 0.0, weight = 0.0, samples = 0, learned_at = 0.0, discard_through = -1,
+    strikes = 0, last_trip = 0.0, trip_reason = 0, trip_rate = 0.0, trip_limit = 0.0,
+    trip_baseline = -1.0, trip_window = 0.0, early_level = 0.0, early_at = 0.0,
+    early_since = 0.0, early_amount = 0.0, excused_slot = -1, excused_amount = 0.0,
+    amounts = zeros(SLOTS), largest = zeros(SLOTS), minute_amounts = zeros(LONG_SLOTS),
+    minute_largest = zeros(LONG_SLOTS), minute_calls = zeros(LONG_SLOTS),
+    profile = zeros(PROFILE_WORDS), limit_override = -1.0,
   }
 end
 
--- The velocity state in string s, or nil. The ring is 1-based: amounts[i + 1] is Python's
+-- count numbers of n from position at + 1 on, as a list
+local function slice(n, at, count)
+  local t = {}
+  for i = 1, count do t[i] = n[at + i] end
+  return t
+end
+
+-- The velocity state in string s, or nil. The rings are 1-based: amounts[i + 1] is Python's
 -- amounts[i].
 local function load_velocity(s)
   if not s or #s == B_SIZE then return nil end
   local n = {unpack_doubles(V_FORMAT, s)}
-  return {
-    first_seen = n[1], head = n[2], minute = n[3], minute_amount = n[4], pending_minute = n[5],
-    pending_amount = n[6], baseline = n[7], weight = n[8], samples = n[9], learned_at = n[10],
-    open_until = n[11], strikes = n[12], last_trip = n[13], trip_reason = n[14],
-    trip_rate = n[15], trip_limit = n[16], trip_baseline = n[17],
-    amounts = {n[18], n[19], n[20], n[21], n[22], n[23], n[24], n[25], n[26], n[27], n[28],
-      n[29], n[30]},
-    largest = {n[31], n[32], n[33], n[34], n[35], n[36], n[37], n[38], n[39], n[40], n[41],
-      n[42], n[43]},
-    limit_override = n[44],
+  local at = V_SCALARS
+  local v = {
+    first_seen = n[1], open_until = n[2], head = n[3], minute_head = n[4], baseline = n[5],
+    calls = n[6], weight = n[7], samples = n[8], learned_at = n[9], discard_through = n[10],
+    strikes = n[11], last_trip = n[12], trip_reason = n[13], trip_rate = n[14],
+    trip_limit = n[15], trip_baseline = n[16], trip_window = n[17], early_level = n[18],
+    early_at = n[19], early_since = n[20], early_amount = n[21], excused_slot = n[22],
+    excused_amount = n[23],
   }
+  v.amounts = slice(n, at, SLOTS)
+  v.largest = slice(n, at + SLOTS, SLOTS)
+  at = at + 2 * SLOTS
+  v.minute_amounts = slice(n, at, LONG_SLOTS)
+  v.minute_largest = slice(n, at + LONG_SLOTS, LONG_SLOTS)
+  v.minute_calls = slice(n, at + 2 * LONG_SLOTS, LONG_SLOTS)
+  at = at + 3 * LONG_SLOTS
+  v.profile = slice(n, at, PROFILE_WORDS)
+  v.limit_override = n[at + PROFILE_WORDS + 1]
+  return v
 end
 
 local function new_bucket(tokens, now)
@@ -215,13 +251,18 @@ end
 local function save(key, ttl, s, v, b)
   local blob = ''
   if v then
-    local a, x = v.amounts, v.largest
-    blob = pack(V_FORMAT, v.first_seen, v.head, v.minute, v.minute_amount, v.pending_minute,
-      v.pending_amount, v.baseline, v.weight, v.samples, v.learned_at, v.open_until, v.strikes,
-      v.last_trip, v.trip_reason, v.trip_rate, v.trip_limit, v.trip_baseline,
-      a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
-      x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13],
-      v.limit_override)
+    local n = {
+      v.first_seen, v.open_until, v.head, v.minute_head, v.baseline, v.calls, v.weight,
+      v.samples, v.learned_at, v.discard_through, v.strikes, v.last_trip, v.trip_reason,
+      v.trip_rate, v.trip_limit, v.trip_baseline, v.trip_window, v.early_level, v.early_at,
+      v.early_since, v.early_amount, v.excused_slot, v.excused_amount,
+    }
+    for _, ring in ipairs({v.amounts, v.largest, v.minute_amounts, v.minute_largest,
+        v.minute_calls, v.profile}) do
+      for i = 1, #ring do n[#n + 1] = ring[i] end
+    end
+    n[#n + 1] = v.limit_override
+    blob = pack(V_FORMAT, unpack(n))
   elseif s and #s ~= B_SIZE then
     blob = string.sub(s, 1, V_SIZE)
   end
@@ -251,16 +292,39 @@ local function advance(v, now)
   return v.head -- a clock that stepped back writes into the newest slot
 end
 
-local function window(v, now)
-  local a = v.amounts
-  local oldest = (v.head + 1) % SLOTS + 1
-  local elapsed = math.min(math.max((now - v.head * SLOT_SECONDS) / SLOT_SECONDS, 0.0), 1.0)
-  local total = 0.0 -- sum(amounts): left to right, as CPython < 3.12 adds floats
-  for i = 1, SLOTS do total = total + a[i] end
-  return total - a[oldest] * elapsed, math.max(unpack(v.largest))
+local function sliding_sum(values, count, head, now, seconds)
+  local oldest = (head + 1) % count + 1
+  local elapsed = math.min(math.max((now - head * seconds) / seconds, 0.0), 1.0)
+  local total = 0.0 -- left to right, as the core adds
+  for i = 1, count do total = total + values[i] end
+  return total - values[oldest] * elapsed
 end
 
-local function learn(v, amount, at, p)
+local function window(v, now)
+  return sliding_sum(v.amounts, SLOTS, v.head, now, SLOT_SECONDS), math.max(unpack(v.largest))
+end
+
+local function long_rate(v, now)
+  return sliding_sum(v.minute_amounts, LONG_SLOTS, v.minute_head, now, MINUTE) *
+    (MINUTE / LONG_WINDOW)
+end
+
+local function largest_slot(v)
+  local best, ring = -1.0, 0
+  for index = 0, SLOTS - 1 do
+    if v.largest[index + 1] > best then
+      best = v.largest[index + 1]
+      ring = index
+    end
+  end
+  return v.head - (v.head - ring) % SLOTS
+end
+
+local function learn(v, amount, calls, at, p)
+  if v.samples >= p.min_samples then
+    amount = math.min(amount, p.learn_clip * v.baseline)
+    calls = math.min(calls, p.learn_clip * v.calls)
+  end
   if v.weight > 0.0 then
     local decay = math.exp(-(at - v.learned_at) * LN2 / p.half_life)
     v.weight = v.weight * decay + 1.0
@@ -268,52 +332,160 @@ local function learn(v, amount, at, p)
     v.weight = 1.0
   end
   v.baseline = v.baseline + (amount - v.baseline) / v.weight
+  v.calls = v.calls + (calls - v.calls) / v.weight
   v.samples = v.samples + 1
   v.learned_at = at
 end
 
-local function roll_minute(v, now, p)
-  local minute = math.floor(now / WINDOW_SECONDS)
-  if minute <= v.minute then return end
-  if v.minute >= 0 and v.minute_amount > 0.0 then
-    local tainted = v.open_until > v.minute * WINDOW_SECONDS
-    if v.pending_minute >= 0 and not (tainted and v.pending_minute == v.minute - 1) then
-      learn(v, v.pending_amount, (v.pending_minute + 1) * WINDOW_SECONDS, p)
+local function roll_minutes(v, now, p)
+  local minute = math.floor(now / MINUTE)
+  local head = v.minute_head
+  if minute <= head then return end
+  for index = math.max(head - LONG_SLOTS + 1, 0), math.min(head, minute - LONG_SLOTS) do
+    local ring = index % LONG_SLOTS + 1
+    local amount = v.minute_amounts[ring]
+    if amount > 0.0 and index > v.discard_through then
+      learn(v, amount, v.minute_calls[ring], (index + 1) * MINUTE, p)
     end
-    if tainted then
-      v.pending_minute = -1
-      v.pending_amount = 0.0
-    else
-      v.pending_minute = v.minute
-      v.pending_amount = v.minute_amount
-    end
+    v.minute_amounts[ring] = 0.0
+    v.minute_largest[ring] = 0.0
+    v.minute_calls[ring] = 0.0
   end
-  v.minute = minute
-  v.minute_amount = 0.0
+  v.minute_head = minute
 end
 
 local function established(v, now, p)
   return now - v.first_seen >= p.learning_period and v.samples >= p.min_samples
 end
 
-local function judge(v, rate, largest, now, p)
-  local baseline = nil
-  if established(v, now, p) then baseline = v.baseline end
-  local ceiling = p.limit
-  if v.limit_override >= 0.0 then ceiling = v.limit_override end
-  if ceiling ~= nil and rate > ceiling then return MANUAL, ceiling, baseline end
-  if baseline ~= nil and baseline >= p.min_baseline then
-    local threshold = p.spike_multiple * baseline
-    if rate >= threshold and rate - largest >= threshold then return LOOP, threshold, baseline end
-    return 0, threshold, baseline
-  end
-  local cold = p.cold_start_limit
-  if cold ~= nil and rate > cold then return COLD, cold, baseline end
-  if ceiling == nil then return 0, cold, baseline end
-  return 0, ceiling, baseline
+local function average(v, now, p)
+  local age = now - v.first_seen
+  if v.weight <= 0.0 or age <= 0.0 then return 0.0 end
+  local decay = math.exp(-(now - v.learned_at) * LN2 / p.half_life)
+  local minutes = p.half_life / (MINUTE * LN2) * (1.0 - math.exp(-age * LN2 / p.half_life))
+  return v.baseline * v.weight * decay / minutes
 end
 
-local function trip(v, reason, rate, limit, baseline, now, p)
+local function allowance(v, now)
+  local hour = math.floor(now / HOUR) % 24
+  local word = v.profile[math.floor(hour / 6) + 1]
+  if word == 0.0 then return 0.0 end
+  local code = math.floor(word / 2.0 ^ (8 * (hour % 6))) % 256
+  if code == 0 then return 0.0 end
+  return 2.0 ^ (code / 8.0)
+end
+
+local function teach(v, hour, rate)
+  local code = math.min(math.max(math.ceil(8.0 * math.log(rate) / LN2), 1.0), 255.0)
+  local place = 2.0 ^ (8 * (hour % 6))
+  local at = math.floor(hour / 6) + 1
+  local word = v.profile[at]
+  local old = math.floor(word / place) % 256
+  if code > old then v.profile[at] = word + (code - old) * place end
+end
+
+local function ceiling_of(v, p)
+  if v.limit_override >= 0.0 then return v.limit_override end
+  return p.limit
+end
+
+local function feed_early(v, amount, now, normal, p)
+  local pace = p.spike_multiple * v.calls * (normal / v.baseline) / MINUTE
+  local level = math.max(v.early_level - pace * math.max(now - v.early_at, 0.0), 0.0)
+  if level == 0.0 then
+    v.early_since = now
+    v.early_amount = 0.0
+  end
+  v.early_level = level + math.min(amount * v.calls / v.baseline, 1.0)
+  v.early_amount = v.early_amount + amount
+  v.early_at = now
+end
+
+-- (rate, span) when the excused large call and this one run at the threshold, else nil
+local function sparse(v, largest, threshold)
+  local slot = largest_slot(v)
+  if slot == v.excused_slot and largest == v.excused_amount then return nil end
+  local before, at = v.excused_amount, v.excused_slot
+  v.excused_slot = slot
+  v.excused_amount = largest
+  if at < 0 then return nil end
+  local span = math.max((slot - at) * SLOT_SECONDS, WINDOW_SECONDS)
+  local rate = (before + largest) * (WINDOW_SECONDS / span)
+  if rate >= threshold then return rate, span end
+  return nil
+end
+
+-- Each rule returns reason (0: none), rate, limit, baseline, window, as velocity._Finding.
+local function established_rules(v, amount, rate, largest, normal, now, p)
+  local threshold = p.spike_multiple * normal
+  if rate >= threshold then
+    if rate - largest >= threshold then return LOOP, rate, threshold, normal, WINDOW_SECONDS end
+    local pair, span = sparse(v, largest, threshold)
+    if pair ~= nil then return SPARSE, pair, threshold, normal, span end
+  end
+  if p.early_threshold ~= nil and v.calls > 0.0 then
+    feed_early(v, amount, now, normal, p)
+    if v.early_level >= p.early_threshold then
+      local span = math.max(now - v.early_since, 1.0)
+      return EARLY, v.early_amount * (WINDOW_SECONDS / span), threshold, normal, span
+    end
+  end
+  local avg = average(v, now, p)
+  local sustained = math.max(p.sustained_multiple * avg, p.sustained_baseline_multiple * normal)
+  local long = long_rate(v, now)
+  if long - math.max(unpack(v.minute_largest)) * (MINUTE / LONG_WINDOW) >= sustained then
+    return SUSTAINED, long, sustained, avg, LONG_WINDOW
+  end
+  local floor = p.cold_start_limit
+  if floor ~= nil and p.ceiling_multiple ~= nil and v.limit_override < 0.0 then
+    local top = math.max(p.ceiling_multiple * normal, floor)
+    if rate > top then return TOP, rate, top, normal, WINDOW_SECONDS end
+  end
+  return 0, rate, threshold, normal, WINDOW_SECONDS
+end
+
+-- reason (0: none), rate, limit, window
+local function cold_start_rules(v, rate, largest, normal, now, p)
+  local floor = p.cold_start_limit
+  local spike = nil
+  if floor ~= nil then
+    spike = math.max(floor, p.spike_multiple * normal)
+    if rate - largest > spike then return COLD, rate, spike, WINDOW_SECONDS end
+    local top = floor
+    if p.ceiling_multiple ~= nil then top = math.max(floor, p.ceiling_multiple * normal) end
+    if rate > top then return COLD, rate, top, WINDOW_SECONDS end
+  end
+  local budget = p.cold_start_sustained
+  if budget ~= nil then
+    budget = math.max(budget, p.sustained_baseline_multiple * normal)
+    local long = long_rate(v, now)
+    if long > budget then return BUDGET, long, budget, LONG_WINDOW end
+  end
+  return 0, rate, spike, WINDOW_SECONDS
+end
+
+local function judge(v, amount, now, p)
+  local rate, largest = window(v, now)
+  local baseline = nil
+  if established(v, now, p) then baseline = v.baseline end
+  local ceiling = ceiling_of(v, p)
+  if ceiling ~= nil and rate > ceiling then
+    return MANUAL, rate, ceiling, baseline, WINDOW_SECONDS
+  end
+  local allowed = allowance(v, now)
+  if baseline ~= nil and baseline >= p.min_baseline then
+    return established_rules(v, amount, rate, largest, math.max(baseline, allowed), now, p)
+  end
+  if v.limit_override >= 0.0 then return 0, rate, ceiling, baseline, WINDOW_SECONDS end
+  local shown = 0.0
+  if v.samples >= p.min_samples then shown = v.baseline end
+  local reason, r, limit, span = cold_start_rules(v, rate, largest, math.max(shown, allowed),
+    now, p)
+  if reason == 0 and ceiling ~= nil then limit = ceiling end
+  return reason, r, limit, baseline, span
+end
+
+local function trip(v, reason, rate, limit, baseline, span, now, p)
   local recent = v.strikes > 0 and now - v.last_trip <= p.escalation_window
   if recent then v.strikes = v.strikes + 1 else v.strikes = 1 end
   local cooldown = math.min(p.cooldown * 2.0 ^ (v.strikes - 1), p.cooldown_max)
@@ -321,23 +493,26 @@ local function trip(v, reason, rate, limit, baseline, now, p)
   v.last_trip = now
   v.trip_reason = reason
   v.trip_rate = rate
-  v.trip_limit = limit
+  if limit == nil then v.trip_limit = 0.0 else v.trip_limit = limit end
   if baseline == nil then v.trip_baseline = -1.0 else v.trip_baseline = baseline end
+  v.trip_window = span
+  v.early_level = 0.0
+  v.discard_through = math.max(v.discard_through, math.floor(v.open_until / MINUTE))
 end
 
 -- A velocity verdict as text: 'allowed tripped reason rate limit baseline multiple
--- retry_after'. ALLOWED is VelocityVerdict(allowed=True), nothing else to report.
-local ALLOWED = '1 0 0 0 nan nan nan 0'
+-- retry_after window'. ALLOWED is VelocityVerdict(allowed=True), nothing else to report.
+local ALLOWED = '1 0 0 0 nan nan nan 0 nan'
 
 local function refusal(v, now, tripped)
   local baseline = nil
   if v.trip_baseline >= 0.0 then baseline = v.trip_baseline end
   local multiple = nil
-  if baseline ~= nil and baseline ~= 0.0 and v.trip_reason == LOOP then
-    multiple = v.trip_rate / baseline
-  end
-  return string.format('0 %d %d %.17g %.17g %s %s %.17g', tripped, v.trip_reason, v.trip_rate,
-    v.trip_limit, opt(baseline), opt(multiple), v.open_until - now)
+  local r = v.trip_reason
+  local relative = r == LOOP or r == SPARSE or r == EARLY or r == SUSTAINED or r == TOP
+  if baseline ~= nil and baseline ~= 0.0 and relative then multiple = v.trip_rate / baseline end
+  return string.format('0 %d %d %.17g %.17g %s %s %.17g %.17g', tripped, r, v.trip_rate,
+    v.trip_limit, opt(baseline), opt(multiple), v.open_until - now, v.trip_window)
 end
 
 -- (allowed 0/1, verdict text)
@@ -347,32 +522,54 @@ local function gate(v, now)
 end
 
 local function record(v, amount, now, p)
-  roll_minute(v, now, p)
+  if now >= (v.minute_head + 1) * MINUTE then roll_minutes(v, now, p) end
   local slot = advance(v, now) % SLOTS + 1
   v.amounts[slot] = v.amounts[slot] + amount
   v.largest[slot] = math.max(v.largest[slot], amount)
-  v.minute_amount = v.minute_amount + amount
+  local minute = v.minute_head % LONG_SLOTS + 1
+  v.minute_amounts[minute] = v.minute_amounts[minute] + amount
+  v.minute_largest[minute] = math.max(v.minute_largest[minute], amount)
+  v.minute_calls[minute] = v.minute_calls[minute] + 1.0
   if v.open_until > now then return 0, refusal(v, now, 0) end
-  local rate, largest = window(v, now)
-  local reason, limit, baseline = judge(v, rate, largest, now, p)
+  local reason, rate, limit, baseline, span = judge(v, amount, now, p)
   if reason ~= 0 and limit ~= nil then
-    trip(v, reason, rate, limit, baseline, now, p)
+    trip(v, reason, rate, limit, baseline, span, now, p)
     return 0, refusal(v, now, 1)
   end
   local multiple = nil
   if baseline ~= nil and baseline ~= 0.0 then multiple = rate / baseline end
-  return 1, string.format('1 0 0 %.17g %s %s %s 0', rate, opt(limit), opt(baseline),
+  return 1, string.format('1 0 0 %.17g %s %s %s 0 nan', rate, opt(limit), opt(baseline),
     opt(multiple))
+end
+
+local function clear_windows(v)
+  v.head = -1
+  v.amounts = zeros(SLOTS)
+  v.largest = zeros(SLOTS)
+  v.minute_head = -1
+  v.minute_amounts = zeros(LONG_SLOTS)
+  v.minute_largest = zeros(LONG_SLOTS)
+  v.minute_calls = zeros(LONG_SLOTS)
+  v.early_level = 0.0
+  v.excused_slot = -1
+  v.excused_amount = 0.0
 end
 
 local function reset_velocity(v)
   v.open_until = 0.0
   v.strikes = 0
-  v.head = -1
-  for i = 1, SLOTS do
-    v.amounts[i] = 0.0
-    v.largest[i] = 0.0
+  clear_windows(v)
+end
+
+local function forgive_velocity(v)
+  if v.last_trip > 0.0 and v.trip_rate > 0.0 and v.trip_reason ~= MANUAL then
+    local hour = math.floor(v.last_trip / HOUR) % 24
+    teach(v, hour, v.trip_rate)
+    teach(v, (hour + 1) % 24, v.trip_rate)
   end
+  v.open_until = 0.0
+  v.strikes = 0
+  v.early_level = 0.0
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -454,12 +651,12 @@ end
 
 -- ---------------------------------------------------------------------------------------------
 -- Announcements (open_keys.py): every process keeps a local view of the open keys, so its gate
--- needs no round trip. Only when a latch opens or is reset, never on an ordinary decision, a
+-- needs no round trip. Only when a latch opens, is reset or forgiven, never on an ordinary decision, a
 -- script
 --   * PUBLISHes on '<prefix>:open-keys' (plain PUBLISH reaches every node of a Cluster), a
 --     message ending with the key (a prefix may hold spaces):
---       'o <open_until> <the gate's refusal: 8 fields> <key>'   the key opened
---       'c <key>'                                               the key was reset (closed)
+--       'o <open_until> <the gate's refusal: 9 fields> <key>'   the key opened
+--       'c <key>'                                               reset or forgiven (closed)
 --       'u <key>'                                               its live overrides changed
 --   * keeps a marker '<prefix>:open:{<key>}' = '<open_until> <refusal>' while the key is open
 --     (PX: it expires with the latch; same hash tag, so same slot as the key): a process

@@ -14,7 +14,7 @@ Calls TIME (unless ARGV[1] is given), GET and SET ... PX; a block the call has n
 for is written back as it was.
 
 Returns '<allowed> <velocity verdict> <bucket verdict>': the velocity verdict as in
-record.lua (8 fields), the bucket verdict as 'allowed remaining capacity <rate /s>
+record.lua (9 fields), the bucket verdict as 'allowed remaining capacity <rate /s>
 <retry_after s> near_limit' (6 fields); a verdict that is None has allowed = -1.
 --]]
 
@@ -37,5 +37,5 @@ local before = v and v.open_until
 local allowed, latch, taken = admit(v, b, cost, amount, now, vp, bp)
 save(KEYS[1], ARGV[2], s, v, b)
 announce_trip(KEYS[1], v, before, now)
-return string.format('%d %s %s', allowed, latch or '-1 0 0 0 nan nan nan 0',
+return string.format('%d %s %s', allowed, latch or '-1 0 0 0 nan nan nan 0 nan',
   taken or '-1 0 0 0 0 0')

@@ -8,14 +8,14 @@ Calls GET, then TIME only when the key has velocity state.
 
 Returns '1' when the key is closed (or unknown), else the refusal
   '0 0 <reason code> <trip rate /min> <trip limit /min> <baseline /min> <multiple>
-   <retry_after s>'
+   <retry_after s> <window s>'
 (numbers as %.17g, None as nan).
 --]]
 
--- velocity.gate, reading only open_until (the 11th double) unless the key is open.
+-- velocity.gate, reading only open_until (the 2nd double) unless the key is open.
 local s = load_state(KEYS[1])
 if not s or #s == B_SIZE then return '1' end -- no velocity state
 local now = clock(ARGV[1])
-local open_until = select(11, unpack_doubles(OPEN_FORMAT, s))
+local open_until = select(2, unpack_doubles(OPEN_FORMAT, s))
 if open_until > now then return refusal(load_velocity(s), now, 0) end
 return '1' -- the common case: nothing for the client to parse

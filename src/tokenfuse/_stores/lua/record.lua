@@ -6,15 +6,17 @@ KEYS[1]  the identity's state string  <prefix>:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME
 ARGV[2]  ttl of the string, milliseconds
 ARGV[3]  amount, in the policy's unit (tokens, calls, ...)
-ARGV[4]  velocity policy: 10 little-endian doubles: limit /min (-1 = None), spike_multiple,
-         min_baseline /min, learning_period s, min_samples, cold_start_limit /min (-1 = None),
-         half_life s, cooldown s, cooldown_max s, escalation_window s
+ARGV[4]  velocity policy: 16 little-endian doubles: limit /min (-1 = None), spike_multiple,
+         min_baseline /min, learning_period s, min_samples, cold_start_limit /min,
+         cold_start_sustained /min, half_life s, sustained_multiple,
+         sustained_baseline_multiple, early_threshold, ceiling_multiple, learn_clip,
+         cooldown s, cooldown_max s, escalation_window s (-1 = None where None is allowed)
 
 Calls TIME (unless ARGV[1] is given), GET and SET ... PX; the bucket block, if any, is
 written back as it was. A trip is announced (PUBLISH, see _lib.lua).
 
 Returns the verdict 'allowed tripped <reason code> <rate /min> <limit /min> <baseline /min>
-<multiple> <retry_after s>' (numbers as %.17g, None as nan).
+<multiple> <retry_after s> <window s>' (numbers as %.17g, None as nan).
 --]]
 
 local now = clock(ARGV[1])
