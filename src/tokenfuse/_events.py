@@ -15,7 +15,13 @@ __all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
 logger = logging.getLogger("tokenfuse")
 
 EventKind = Literal[
-    "tripped", "near_limit", "store_unavailable", "store_recovered", "pool_exhausted"
+    "tripped",
+    "near_limit",
+    "reset",
+    "config_changed",
+    "store_unavailable",
+    "store_recovered",
+    "pool_exhausted",
 ]
 
 
@@ -23,8 +29,11 @@ EventKind = Literal[
 class FuseEvent:
     """Something an operator may want to page on.
 
-    ``key`` is the redacted label of the identity (None for store events); ``error`` is the
-    refusal for ``tripped``; ``detail`` is a one-line human explanation.
+    ``key`` is the redacted label of the identity (None for store events) and ``key_id``
+    its short non-secret id (``Identity.key_id``), by which an operator can address it;
+    ``error`` is the refusal for ``tripped``; ``detail`` is a one-line human explanation.
+    ``reset`` and ``config_changed`` report ``Fuse.reset``, ``set_limit`` and
+    ``set_bucket``, so every process sharing the store sees who changed what.
     """
 
     kind: EventKind
@@ -32,6 +41,7 @@ class FuseEvent:
     detail: str
     error: FuseTripped | None = None
     at: float = field(default_factory=time.time)
+    key_id: str | None = None
 
 
 Hook = Callable[[FuseEvent], object]

@@ -34,6 +34,7 @@ from ._events import FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
+from ._stores.event_log import EventLog
 from ._stores.memory import MemoryStore
 from ._stores.ops import UNSET, Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
 
@@ -120,6 +121,9 @@ class Fuse:
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
         self._async_store = async_face(self.store)
+        log = getattr(self.store, "events", None)
+        if isinstance(log, EventLog):  # every process sharing the store sees these events
+            self.hooks.add(log.recorder(name))
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"
@@ -194,18 +198,22 @@ class Fuse:
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
-        self._sync().run(Reset(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        self._change(identity, Reset(self._key(identity)))
 
     async def areset(self, who: Who) -> None:
-        await self._async().arun(Reset(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        await self._achange(identity, Reset(self._key(identity)))
 
     def set_limit(self, who: Who, limit: float | str | None) -> None:
         """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
         process sharing the store: it is read with the key's state on its next decision."""
-        self._sync().run(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
+        identity = Identity.of(who)
+        self._change(identity, Configure(self._key(identity), limit=_limit(limit)))
 
     async def aset_limit(self, who: Who, limit: float | str | None) -> None:
-        await self._async().arun(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
+        identity = Identity.of(who)
+        await self._achange(identity, Configure(self._key(identity), limit=_limit(limit)))
 
     def set_bucket(
         self,
@@ -215,7 +223,8 @@ class Fuse:
         capacity: float | None | Unset = UNSET,
     ) -> None:
         """Change one caller's bucket live (None restores the policy's value)."""
-        self._sync().run(self._bucket_op(who, rate, capacity))
+        identity = Identity.of(who)
+        self._change(identity, self._bucket_op(identity, rate, capacity))
 
     async def aset_bucket(
         self,
@@ -224,7 +233,8 @@ class Fuse:
         rate: float | str | None | Unset = UNSET,
         capacity: float | None | Unset = UNSET,
     ) -> None:
-        await self._async().arun(self._bucket_op(who, rate, capacity))
+        identity = Identity.of(who)
+        await self._achange(identity, self._bucket_op(identity, rate, capacity))
 
     # -- the operations ---------------------------------------------------------------------------
 
@@ -249,10 +259,19 @@ class Fuse:
         return ReadStatus(self._key(identity), self._velocity_for_reads, self.bucket)
 
     def _bucket_op(
-        self, who: Who, rate: float | str | None | Unset, capacity: float | None | Unset
+        self, identity: Identity, rate: float | str | None | Unset, capacity: float | None | Unset
     ) -> Configure:
-        key = self._key(Identity.of(who))
-        return Configure(key, rate=_rate(rate), capacity=_capacity(capacity))
+        return Configure(self._key(identity), rate=_rate(rate), capacity=_capacity(capacity))
+
+    # -- live changes: run, then report, so every process sharing the store's log sees them ----
+
+    def _change(self, identity: Identity, op: Reset | Configure) -> None:
+        self._sync().run(op)
+        self.hooks.emit(_change_event(identity, op), logging.INFO)
+
+    async def _achange(self, identity: Identity, op: Reset | Configure) -> None:
+        await self._async().arun(op)
+        self.hooks.emit(_change_event(identity, op), logging.INFO)
 
     # -- running them ---------------------------------------------------------------------------
 
@@ -334,7 +353,8 @@ class Fuse:
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
         error = None if verdict.allowed else self._velocity_error(identity, verdict)
         if verdict.tripped and error is not None:
-            self.hooks.emit(FuseEvent("tripped", identity.label, str(error), error))
+            event = FuseEvent("tripped", identity.label, str(error), error, key_id=identity.key_id)
+            self.hooks.emit(event)
         return Decision(
             key=identity.label,
             allowed=verdict.allowed,
@@ -368,7 +388,7 @@ class Fuse:
                 f"({bucket.rate:g}/s) for more than "
                 f"{self.bucket.near_limit_after if self.bucket else 300:.0f} s"
             )
-            self.hooks.emit(FuseEvent("near_limit", identity.label, detail))
+            self.hooks.emit(FuseEvent("near_limit", identity.label, detail, key_id=identity.key_id))
         if verdict.velocity is not None and not verdict.velocity.allowed:
             decision = self._velocity_decision(identity, verdict.velocity)
             return _with_bucket(decision, bucket)
@@ -384,6 +404,22 @@ class Fuse:
         if verdict.velocity is None:
             return Decision(key=identity.label, allowed=True, bucket=bucket)
         return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
+
+
+def _change_event(identity: Identity, op: Reset | Configure) -> FuseEvent:
+    """The ``reset`` or ``config_changed`` event of a live change to one key."""
+    if isinstance(op, Reset):
+        detail = f"key {identity.label} reset: closed, window and escalation cleared"
+        return FuseEvent("reset", identity.label, detail, key_id=identity.key_id)
+    settings = (("limit", op.limit, "/min"), ("bucket rate", op.rate, "/s"),
+                ("bucket capacity", op.capacity, ""))  # fmt: skip
+    changes = ", ".join(
+        f"{name} {'back to the policy' if value is None else f'{value:g}{unit}'}"
+        for name, value, unit in settings
+        if not isinstance(value, Unset)
+    )
+    detail = f"key {identity.label} configured: {changes or 'nothing changed'}"
+    return FuseEvent("config_changed", identity.label, detail, key_id=identity.key_id)
 
 
 def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .._core import bucket as _bucket
@@ -18,7 +19,21 @@ from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
 from .._events import logger
-from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
+from .event_log import MemoryEventLog
+from .ops import (
+    Admit,
+    Configure,
+    Gate,
+    KeyPage,
+    KeyState,
+    ListKeys,
+    Op,
+    ReadState,
+    ReadStatus,
+    Record,
+    Reset,
+    Unset,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -90,6 +105,8 @@ class MemoryStore:
         self._next_warning = 0.0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
+        #: Operator events (trips, resets, ...) of the fuses using this store, in this process.
+        self.events = MemoryEventLog()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -186,11 +203,26 @@ class MemoryStore:
             bucket=op.bucket,
         )
 
+    def _peek(self, key: str, now: float) -> _Entry:
+        """The key's entry, or an empty one; read only: neither touched nor moved."""
+        entry = self._entries.get(key)
+        return _Entry() if entry is None or entry.expires <= now else entry
+
     def _status(self, op: ReadStatus, now: float) -> Status:
-        entry = self._entries.get(op.key)  # read only: neither touched nor moved
-        if entry is None or entry.expires <= now:
-            entry = _Entry()
+        entry = self._peek(op.key, now)
         return status_of(op.key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
+
+    def _read_state(self, op: ReadState, now: float) -> KeyState:
+        return _snapshot(op.key, self._peek(op.key, now), now)
+
+    def _list_keys(self, op: ListKeys, now: float) -> KeyPage:
+        """The ``count`` smallest live keys after the cursor: ordered by key, not by use, so a
+        page boundary stays put while decisions reorder the table."""
+        count = max(op.count, 1)
+        after = (key for key in self._entries if key.startswith(op.prefix) and key > op.cursor)
+        keys = heapq.nsmallest(count, (key for key in after if self._entries[key].expires > now))
+        states = [_snapshot(key, self._entries[key], now) for key in keys]
+        return KeyPage(states, keys[-1] if len(keys) == count else None)
 
     def _reset(self, op: Reset, now: float) -> None:
         entry = self._entries.get(op.key)
@@ -223,4 +255,15 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     ReadStatus: MemoryStore._status,
     Reset: MemoryStore._reset,
     Configure: MemoryStore._configure,
+    ReadState: MemoryStore._read_state,
+    ListKeys: MemoryStore._list_keys,
 }
+
+
+def _snapshot(key: str, entry: _Entry, now: float) -> KeyState:
+    """A copy of the entry's states, safe to read after the lock is released."""
+    velocity = entry.velocity
+    if velocity is not None:
+        velocity = replace(velocity, amounts=list(velocity.amounts), largest=list(velocity.largest))
+    bucket = replace(entry.bucket) if entry.bucket is not None else None
+    return KeyState(key, now, velocity, bucket)

@@ -17,16 +17,20 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
-from .._core.bucket import BucketPolicy
+from .._core.bucket import BucketPolicy, BucketState
 from .._core.status import Status
-from .._core.velocity import VelocityPolicy, VelocityVerdict
+from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
 
 __all__ = [
     "UNSET",
     "Admit",
     "Configure",
     "Gate",
+    "KeyPage",
+    "KeyState",
+    "ListKeys",
     "Op",
+    "ReadState",
     "ReadStatus",
     "Record",
     "Reset",
@@ -126,3 +130,51 @@ class Configure(Op[None]):
     limit: float | None | Unset = UNSET
     capacity: float | None | Unset = UNSET
     rate: float | None | Unset = UNSET
+
+
+# -- reading state for operators: what the admin pages and the CLI show -------------------------
+
+
+@dataclass(slots=True)
+class KeyState:
+    """One key's raw state as the store holds it, read at ``now`` (the store's clock): a copy,
+    so the caller may look at it at leisure. None where the key has no such state."""
+
+    key: str
+    now: float
+    velocity: VelocityState | None
+    bucket: BucketState | None
+
+
+@dataclass(slots=True)
+class KeyPage:
+    """One page of a listing; ``cursor`` continues it, None when the listing is complete."""
+
+    states: list[KeyState]
+    cursor: str | None
+
+
+@dataclass(slots=True)
+class ReadState(Op[KeyState]):
+    """The key's raw state, read without changing anything (``status.lua`` again: the same
+    read as ``ReadStatus``, with the view left to the caller)."""
+
+    name: ClassVar[str] = "status"
+    key: str
+
+
+@dataclass(slots=True)
+class ListKeys(Op[KeyPage]):
+    """A page of the keys that start with ``prefix`` (a fuse's ``"<name>:"``, or more of a
+    key to find one by its id), with their states. Start with ``cursor=""`` and pass each
+    page's cursor back until it is None; ``count`` is a hint of the page size.
+
+    Reads only: no index is kept for it, so deciding costs nothing more. A ``RedisStore``
+    runs SCAN on every primary and reads the states in batches; a ``MemoryStore`` walks its
+    table. A key may be missed or seen twice if it appears or expires during a listing.
+    """
+
+    name: ClassVar[str] = "list"
+    prefix: str
+    cursor: str = ""
+    count: int = 500

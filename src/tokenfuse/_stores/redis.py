@@ -16,41 +16,28 @@ default 14 days).
 ``clock`` (tests, simulations) is passed to the scripts as an argument.
 
 **Errors.** Every redis-py error becomes ``StoreUnavailable`` at one boundary
-(``_Unavailable``); failing open and backing off is ``Fuse``'s job.
+(``redis_clients.Unavailable``); failing open and backing off is ``Fuse``'s job.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError
+from .._plans import Plan, adrive, drive
 from .ops import Op
-from .redis_clients import REDIS_ERRORS, AsyncClient, Clients, SyncClient, unavailable
+from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable
 from .redis_codec import CODECS, Args, Codec, key_of
+from .redis_events import RedisEventLog
+from .redis_listing import PLANS, Step
 
 __all__ = ["RedisStore"]
 
 _DEFAULT_TTL = 14 * 86_400.0
 
 R = TypeVar("R")
-
-
-class _Unavailable:
-    """The one boundary where redis-py errors become ``StoreUnavailable`` (sync and async)."""
-
-    __slots__ = ("op",)
-
-    def __init__(self, op: str) -> None:
-        self.op = op
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, REDIS_ERRORS):
-            raise unavailable(self.op, exc) from exc
 
 
 class RedisStore:
@@ -115,6 +102,8 @@ class RedisStore:
         self.clock = clock
         self.ttl = float(ttl)
         self._ttl_ms = str(max(1, round(ttl * 1000)))
+        #: Operator events of every fuse on this store, shared by every process (a Stream).
+        self.events = RedisEventLog(clients, prefix, self._ttl_ms)
 
     def __repr__(self) -> str:
         return f"RedisStore(prefix={self.prefix!r}, {self._clients.described})"
@@ -134,30 +123,45 @@ class RedisStore:
         self._clients.close()
 
     async def aclose(self) -> None:
-        """Close every client this store built (``from_url``)."""
+        """Close every client this store built (``from_url``), once the event log's pending
+        writes are done."""
+        await self.events.aflush()
         await self._clients.aclose()
 
     # -- one operation = one script call; both faces encode and decode it the same way --------
+    # (an operation without a script, a listing, is a plan of client calls: ``PLANS``)
 
     def run(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs a sync client."""
-        codec, keys, args = self._encode(op)
+        codec = CODECS.get(type(op))
+        if codec is None:
+            client = self._clients.sync_client()
+            with Unavailable(op.name):
+                return cast(R, drive(self._plan(op), lambda step: step(client)))
+        keys, args = self._encode(op, codec)
         script = self._clients.sync_scripts()[op.name]
-        with _Unavailable(op.name):
+        with Unavailable(op.name):
             reply = script(keys, args)
         result: R = codec.result(op, reply)
         return result
 
     async def arun(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
-        codec, keys, args = self._encode(op)
+        codec = CODECS.get(type(op))
+        if codec is None:
+            client = self._clients.async_client()
+            with Unavailable(op.name):
+                return cast(R, await adrive(self._plan(op), lambda step: step(client)))
+        keys, args = self._encode(op, codec)
         script = self._clients.async_scripts()[op.name]
-        with _Unavailable(op.name):
+        with Unavailable(op.name):
             reply = await script(keys, args)
         result: R = codec.result(op, reply)
         return result
 
-    def _encode(self, op: Op[Any]) -> tuple[Codec[Any, Any], tuple[str], Args]:
-        codec = CODECS[type(op)]
+    def _encode(self, op: Op[Any], codec: Codec[Any, Any]) -> tuple[tuple[str], Args]:
         now = "" if self.clock is None else repr(float(self.clock()))
-        return codec, (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)
+        return (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)
+
+    def _plan(self, op: Op[Any]) -> Plan[Step, Any]:
+        return PLANS[type(op)](op, self.prefix, self.clock)

@@ -18,7 +18,7 @@ from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
 from .._core.status import Status, status_of
 from .._core.velocity import REASON_CODES, SLOTS, VelocityPolicy, VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from .ops import Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
+from .ops import Admit, Configure, Gate, KeyState, Op, ReadState, ReadStatus, Record, Reset, Unset
 
 __all__ = [
     "BUCKET_BLOCK",
@@ -29,6 +29,7 @@ __all__ = [
     "Codec",
     "bucket_state",
     "key_of",
+    "states_of",
     "velocity_state",
 ]
 
@@ -56,6 +57,7 @@ VELOCITY_LAYOUT = (
 BUCKET_LAYOUT = ("tokens", "updated", "use_minute", "use_amount", "hot_since", "alerted")
 VELOCITY_BLOCK = struct.Struct("<" + "d" * (len(VELOCITY_LAYOUT) + 2 * SLOTS + 1))
 BUCKET_BLOCK = struct.Struct("<" + "d" * (len(BUCKET_LAYOUT) + 2))
+_BOTH_BLOCKS = VELOCITY_BLOCK.size + BUCKET_BLOCK.size
 _V_INTS = frozenset({"head", "minute", "pending_minute", "samples", "strikes", "trip_reason"})
 _B_INTS = frozenset({"use_minute", "hot_since"})
 
@@ -145,7 +147,7 @@ def _override(value: float | None | Unset) -> str:
     return "-1.0" if value is None else _number(value)
 
 
-def _now_only(op: Gate | ReadStatus, now: str, ttl: str) -> Args:
+def _now_only(op: Gate | ReadStatus | ReadState, now: str, ttl: str) -> Args:
     return (now,)
 
 
@@ -218,14 +220,35 @@ def _admit_verdict(op: Admit, reply: bytes | str) -> AdmitVerdict:
     )
 
 
-def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
-    """``status.lua``'s raw state, viewed through the core (as ``MemoryStore`` does)."""
-    now = float(reply[0])
+def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> KeyState:
+    """``status.lua``'s reply: the key's raw state, as the core's state objects."""
     numbers = [float(text) for text in reply[1].split()]
     vstate = velocity_state(numbers[:-1], numbers[-1]) if numbers else None
     numbers = [float(text) for text in reply[2].split()]
     bstate = bucket_state(numbers[:-2], *numbers[-2:]) if numbers else None
-    return status_of(op.key, vstate, bstate, now, op.velocity, op.bucket)
+    return KeyState(op.key, float(reply[0]), vstate, bstate)
+
+
+def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
+    """``status.lua``'s raw state, viewed through the core (as ``MemoryStore`` does)."""
+    state = _key_state(op, reply)
+    return status_of(op.key, state.velocity, state.bucket, state.now, op.velocity, op.bucket)
+
+
+def states_of(blob: bytes) -> tuple[VelocityState | None, BucketState | None]:
+    """The state objects in an identity's string as stored (read by a plain GET): the velocity
+    block, then the bucket block, each if present; (None, None) for a string of another size
+    (not one of ours)."""
+    if len(blob) not in (VELOCITY_BLOCK.size, BUCKET_BLOCK.size, _BOTH_BLOCKS):
+        return None, None
+    vstate = bstate = None
+    if len(blob) != BUCKET_BLOCK.size:
+        numbers = VELOCITY_BLOCK.unpack_from(blob)
+        vstate = velocity_state(numbers[:-1], numbers[-1])
+    if len(blob) != VELOCITY_BLOCK.size:
+        numbers = BUCKET_BLOCK.unpack_from(blob, len(blob) - BUCKET_BLOCK.size)
+        bstate = bucket_state(numbers[:-2], *numbers[-2:])
+    return vstate, bstate
 
 
 def _nothing(op: Reset | Configure, reply: object) -> None:
@@ -255,6 +278,7 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     Record: Codec(_record_args, _velocity_verdict),
     Admit: Codec(_admit_args, _admit_verdict),
     ReadStatus: Codec(_now_only, _status),
+    ReadState: Codec(_now_only, _key_state),
     Reset: Codec(_reset_args, _nothing),
     Configure: Codec(_configure_args, _nothing),
 }
