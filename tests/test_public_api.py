@@ -31,6 +31,8 @@ EXPORTED = {id(getattr(m, name)) for m in EVERY_MODULE.values() for name in m.__
 
 def test_the_public_modules() -> None:
     assert set(PUBLIC_MODULES) == {
+        "alerts",
+        "config",
         "events",
         "fuse",
         "integrations",

@@ -43,6 +43,7 @@ from ._errors import (
     StoreUnavailable,
     TokenFuseError,
 )
+from ._settings import configure
 from .fuse import Fuse
 from .middleware import TokenFuse, TokenFuseWSGI, inbound_fuse, report_tokens
 from .stores import MemoryStore
@@ -76,6 +77,7 @@ __all__ = [
     "TokenFuseWSGI",
     "VelocityPolicy",
     "__version__",
+    "configure",
     "inbound_fuse",
     "report_tokens",
     "scope",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -10,30 +11,29 @@ from typing import Literal
 
 from ._errors import FuseTripped
 
-__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "logger"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "listen", "logger"]
 
 logger = logging.getLogger("tokenfuse")
 
 EventKind = Literal[
-    "tripped",
-    "near_limit",
-    "reset",
-    "config_changed",
+    "tripped",  # a key was opened (``error`` is the refusal)
+    "near_limit",  # a caller has used most of its bucket's refill for a while
     "store_unavailable",
     "store_recovered",
-    "pool_exhausted",
+    "pool_exhausted",  # no pooled connection came free in time: back-pressure, not an outage
+    "reset",  # a key was closed and refilled by hand (``Fuse.reset``)
+    "configured",  # a key's live limit or bucket was changed (``set_limit``, ``set_bucket``)
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class FuseEvent:
-    """Something an operator may want to page on.
+    """Something an operator may want to see or page on.
 
-    ``key`` is the redacted label of the identity (None for store events) and ``key_id``
-    its short non-secret id (``Identity.key_id``), by which an operator can address it;
-    ``error`` is the refusal for ``tripped``; ``detail`` is a one-line human explanation.
-    ``reset`` and ``config_changed`` report ``Fuse.reset``, ``set_limit`` and
-    ``set_bucket``, so every process sharing the store sees who changed what.
+    ``key`` is the redacted label of the identity and ``key_id`` its non-secret id, by which an
+    operator addresses it (``tokenfuse reset <key_id>``); both are None for store events.
+    ``fuse`` is the name of the fuse that reported it. ``error`` is the refusal for
+    ``tripped``; ``detail`` is a one-line human explanation.
     """
 
     kind: EventKind
@@ -42,9 +42,34 @@ class FuseEvent:
     error: FuseTripped | None = None
     at: float = field(default_factory=time.time)
     key_id: str | None = None
+    fuse: str | None = None
 
 
 Hook = Callable[[FuseEvent], object]
+
+# Hooks of the whole process (``listen``): a tuple replaced on change, so emitting reads it
+# without a lock.
+_everywhere: tuple[Hook, ...] = ()
+_everywhere_lock = threading.Lock()
+
+
+def listen(hook: Hook) -> Callable[[], None]:
+    """Call ``hook`` with every event of every fuse in this process, after each fuse's own
+    hooks; returns a function that stops it. Metrics, alert sinks and event feeds use this.
+
+    >>> stop = listen(print)
+    >>> stop()
+    """
+    global _everywhere
+    with _everywhere_lock:
+        _everywhere = (*_everywhere, hook)
+
+    def stop() -> None:
+        global _everywhere
+        with _everywhere_lock:
+            _everywhere = tuple(h for h in _everywhere if h is not hook)
+
+    return stop
 
 
 class Hooks:
@@ -62,8 +87,11 @@ class Hooks:
         self._hooks.append(hook)
 
     def emit(self, event: FuseEvent, level: int = logging.WARNING) -> None:
-        logger.log(level, "%s: %s", event.kind, event.detail)
-        for hook in self._hooks:
+        if event.key_id is None:
+            logger.log(level, "%s: %s", event.kind, event.detail)
+        else:
+            logger.log(level, "%s: %s [key id %s]", event.kind, event.detail, event.key_id)
+        for hook in (*self._hooks, *_everywhere):
             try:
                 hook(event)
             except Exception:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -30,9 +29,11 @@ from ._errors import (
     StoreBusy,
     StoreUnavailable,
 )
-from ._events import FuseEvent, Hook, Hooks, logger
+from ._events import EventKind, FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
+from ._observe import apply as apply_settings
+from ._settings import current as current_settings
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.event_log import EventLog
 from ._stores.memory import MemoryStore
@@ -124,6 +125,7 @@ class Fuse:
         log = getattr(self.store, "events", None)
         if isinstance(log, EventLog):  # every process sharing the store sees these events
             self.hooks.add(log.recorder(name))
+        apply_settings(current_settings())  # the process's observers (metrics, alerts)
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"
@@ -199,21 +201,25 @@ class Fuse:
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
         identity = Identity.of(who)
-        self._change(identity, Reset(self._key(identity)))
+        self._sync().run(op := Reset(self._key(identity)))
+        self._changed(identity, op)
 
     async def areset(self, who: Who) -> None:
         identity = Identity.of(who)
-        await self._achange(identity, Reset(self._key(identity)))
+        await self._async().arun(op := Reset(self._key(identity)))
+        self._changed(identity, op)
 
     def set_limit(self, who: Who, limit: float | str | None) -> None:
         """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
         process sharing the store: it is read with the key's state on its next decision."""
         identity = Identity.of(who)
-        self._change(identity, Configure(self._key(identity), limit=_limit(limit)))
+        self._sync().run(op := Configure(self._key(identity), limit=_limit(limit)))
+        self._changed(identity, op)
 
     async def aset_limit(self, who: Who, limit: float | str | None) -> None:
         identity = Identity.of(who)
-        await self._achange(identity, Configure(self._key(identity), limit=_limit(limit)))
+        await self._async().arun(op := Configure(self._key(identity), limit=_limit(limit)))
+        self._changed(identity, op)
 
     def set_bucket(
         self,
@@ -224,7 +230,8 @@ class Fuse:
     ) -> None:
         """Change one caller's bucket live (None restores the policy's value)."""
         identity = Identity.of(who)
-        self._change(identity, self._bucket_op(identity, rate, capacity))
+        self._sync().run(op := self._bucket_op(identity, rate, capacity))
+        self._changed(identity, op)
 
     async def aset_bucket(
         self,
@@ -234,7 +241,27 @@ class Fuse:
         capacity: float | None | Unset = UNSET,
     ) -> None:
         identity = Identity.of(who)
-        await self._achange(identity, self._bucket_op(identity, rate, capacity))
+        await self._async().arun(op := self._bucket_op(identity, rate, capacity))
+        self._changed(identity, op)
+
+    def _changed(self, identity: Identity, op: Reset | Configure) -> None:
+        """Report a change made by hand (an event, so every operator sees who changed what)."""
+        if isinstance(op, Reset):
+            detail = f"key {identity.label} reset: closed, its window cleared, its bucket refilled"
+            self._emit("reset", identity, detail, level=logging.INFO)
+            return
+        unit = self._velocity_for_reads.unit
+        changes = [
+            f"{what} {'back to the policy' if value is None else f'{value:,g}{suffix}'}"
+            for what, value, suffix in (
+                ("manual ceiling", op.limit, f" {unit}/min"),
+                ("bucket capacity", op.capacity, ""),
+                ("bucket rate", op.rate, "/s"),
+            )
+            if not isinstance(value, Unset)
+        ]
+        detail = f"key {identity.label}: " + ", ".join(changes)
+        self._emit("configured", identity, detail, level=logging.INFO)
 
     # -- the operations ---------------------------------------------------------------------------
 
@@ -261,17 +288,8 @@ class Fuse:
     def _bucket_op(
         self, identity: Identity, rate: float | str | None | Unset, capacity: float | None | Unset
     ) -> Configure:
-        return Configure(self._key(identity), rate=_rate(rate), capacity=_capacity(capacity))
-
-    # -- live changes: run, then report, so every process sharing the store's log sees them ----
-
-    def _change(self, identity: Identity, op: Reset | Configure) -> None:
-        self._sync().run(op)
-        self.hooks.emit(_change_event(identity, op), logging.INFO)
-
-    async def _achange(self, identity: Identity, op: Reset | Configure) -> None:
-        await self._async().arun(op)
-        self.hooks.emit(_change_event(identity, op), logging.INFO)
+        key = self._key(identity)
+        return Configure(key, rate=_rate(rate), capacity=_capacity(capacity))
 
     # -- running them ---------------------------------------------------------------------------
 
@@ -332,6 +350,19 @@ class Fuse:
         self._healthy()
         return decide(identity, verdict)
 
+    def _emit(
+        self,
+        kind: EventKind,
+        identity: Identity,
+        detail: str,
+        error: FuseTripped | None = None,
+        level: int = logging.WARNING,
+    ) -> None:
+        event = FuseEvent(
+            kind, identity.label, detail, error, key_id=identity.key_id, fuse=self.name
+        )
+        self.hooks.emit(event, level)
+
     def _healthy(self) -> None:
         recovered = self.health.succeeded()
         if recovered is not None:
@@ -353,8 +384,7 @@ class Fuse:
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
         error = None if verdict.allowed else self._velocity_error(identity, verdict)
         if verdict.tripped and error is not None:
-            event = FuseEvent("tripped", identity.label, str(error), error, key_id=identity.key_id)
-            self.hooks.emit(event)
+            self._emit("tripped", identity, str(error), error)
         return Decision(
             key=identity.label,
             allowed=verdict.allowed,
@@ -388,7 +418,7 @@ class Fuse:
                 f"({bucket.rate:g}/s) for more than "
                 f"{self.bucket.near_limit_after if self.bucket else 300:.0f} s"
             )
-            self.hooks.emit(FuseEvent("near_limit", identity.label, detail, key_id=identity.key_id))
+            self._emit("near_limit", identity, detail)
         if verdict.velocity is not None and not verdict.velocity.allowed:
             decision = self._velocity_decision(identity, verdict.velocity)
             return _with_bucket(decision, bucket)
@@ -404,22 +434,6 @@ class Fuse:
         if verdict.velocity is None:
             return Decision(key=identity.label, allowed=True, bucket=bucket)
         return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
-
-
-def _change_event(identity: Identity, op: Reset | Configure) -> FuseEvent:
-    """The ``reset`` or ``config_changed`` event of a live change to one key."""
-    if isinstance(op, Reset):
-        detail = f"key {identity.label} reset: closed, window and escalation cleared"
-        return FuseEvent("reset", identity.label, detail, key_id=identity.key_id)
-    settings = (("limit", op.limit, "/min"), ("bucket rate", op.rate, "/s"),
-                ("bucket capacity", op.capacity, ""))  # fmt: skip
-    changes = ", ".join(
-        f"{name} {'back to the policy' if value is None else f'{value:g}{unit}'}"
-        for name, value, unit in settings
-        if not isinstance(value, Unset)
-    )
-    detail = f"key {identity.label} configured: {changes or 'nothing changed'}"
-    return FuseEvent("config_changed", identity.label, detail, key_id=identity.key_id)
 
 
 def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:
@@ -468,14 +482,9 @@ def _capacity(capacity: float | None | Unset) -> float | None | Unset:
     return capacity
 
 
-_default: Fuse | None = None
-_default_lock = threading.Lock()
-
-
 def default_fuse() -> Fuse:
-    """The process-wide fuse that argument-less transports use (embedded store)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Fuse()
-        return _default
+    """The process-wide fuse that argument-less transports use: the embedded store, or what
+    the ``TOKENFUSE_*`` environment or ``tokenfuse.configure`` set (``_settings``)."""
+    from ._settings import default_fuses
+
+    return default_fuses()[0]

@@ -11,10 +11,12 @@
 
     fuse = Fuse(on_event=page_on_call)
 
-Every event is also logged on ``logging.getLogger("tokenfuse")``; a hook that raises is logged
-and never breaks the guarded call.
+``listen(hook)`` calls a hook with the events of every fuse in the process (how metrics, alert
+sinks and event feeds see them without code in each fuse). Every event is also logged on
+``logging.getLogger("tokenfuse")``; a hook that raises is logged and never breaks the guarded
+call.
 """
 
-from ._events import EventKind, FuseEvent, Hook
+from ._events import EventKind, FuseEvent, Hook, listen
 
-__all__ = ["EventKind", "FuseEvent", "Hook"]
+__all__ = ["EventKind", "FuseEvent", "Hook", "listen"]

@@ -32,13 +32,7 @@ from tokenfuse._core.bucket import BucketState
 from tokenfuse._core.velocity import VelocityState
 from tokenfuse._stores.ops import Op
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_codec import (
-    BUCKET_BLOCK,
-    VELOCITY_BLOCK,
-    bucket_state,
-    key_of,
-    velocity_state,
-)
+from tokenfuse._stores.redis_codec import key_of, states_of
 
 R = TypeVar("R")
 
@@ -117,18 +111,8 @@ def delete_prefix(client: redis.Redis, prefix: str) -> None:
 
 
 def read_state(blob: bytes | None) -> tuple[VelocityState | None, BucketState | None]:
-    """The core's state objects from an identity's string as stored (``redis_codec``'s
-    layout): the velocity block, if any, then the bucket block, if any; the length says which."""
-    if not blob:
-        return None, None
-    vstate = bstate = None
-    if len(blob) != BUCKET_BLOCK.size:
-        numbers = VELOCITY_BLOCK.unpack_from(blob)
-        vstate = velocity_state(numbers[:-1], numbers[-1])
-    if len(blob) != VELOCITY_BLOCK.size:
-        numbers = BUCKET_BLOCK.unpack_from(blob, len(blob) - BUCKET_BLOCK.size)
-        bstate = bucket_state(numbers[:-2], *numbers[-2:])
-    return vstate, bstate
+    """The core's state objects from an identity's string as stored (``redis_codec``)."""
+    return states_of(blob) if blob else (None, None)
 
 
 def read_states(

@@ -68,12 +68,12 @@ def test_resets_and_live_changes_are_logged_for_everyone(redis_url: str, prefix:
     kinds = [(e.kind, e.label, e.key_id) for e in there.store.events.recent(10)]
     key_id = Identity.named("agent-7").key_id
     assert kinds == [
-        ("config_changed", "agent-7", key_id),
-        ("config_changed", "agent-7", key_id),
+        ("configured", "agent-7", key_id),
+        ("configured", "agent-7", key_id),
         ("reset", "agent-7", key_id),
     ]
     details = [e.detail for e in there.store.events.recent(3)]
-    assert "limit 50000/min" in details[0]
+    assert "manual ceiling 50,000 tokens/min" in details[0]
     assert "bucket rate 10/s" in details[1] and "bucket capacity back to the policy" in details[1]
 
 

@@ -1,150 +1,138 @@
-"""Listing keys and reading raw state: every backend pages through a prefix, each key once.
-
-``ListKeys`` is what an admin page and the CLI read; it must find every key without any
-write on the hot path, on one server and on every primary of a cluster.
-"""
+"""``ListKeys``: every store lists the keys under a start, page by page, with each one's status
+as ``ReadStatus`` gives it; Redis walks every primary of a cluster."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterator
 
 import pytest
-import redis
-import redis.cluster
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
 from tests.conftest import Clock
-from tests.stores.conftest import Backend
-from tokenfuse import BucketPolicy, VelocityPolicy
-from tokenfuse._core.status import status_of
-from tokenfuse._stores.memory import MemoryStore
-from tokenfuse._stores.ops import (
-    Admit,
-    KeyPage,
-    KeyState,
-    ListKeys,
-    ReadState,
-    ReadStatus,
-    Record,
-)
+from tests.stores.conftest import Backend, unique_prefix
+from tokenfuse import BucketPolicy, MemoryStore, VelocityPolicy
+from tokenfuse._core.status import Status
+from tokenfuse._stores.ops import Admit, Configure, KeyPage, ListKeys, ReadStatus, Record
 from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_codec import key_of
 
-OPEN = VelocityPolicy(cold_start_limit=None)
-BUCKET = BucketPolicy(rate=1, capacity=10)
+POLICY = VelocityPolicy(limit=1000, cooldown=30)
+BUCKET = BucketPolicy(rate=0.1, capacity=5)
 
 
-async def collect(
-    run: Callable[[ListKeys], Awaitable[KeyPage]], prefix: str, count: int
-) -> list[KeyState]:
-    """Every page of the listing; fails if it does not end within a bound."""
-    states: list[KeyState] = []
-    cursor: str | None = ""
-    for _ in range(10_000):
-        page = await run(ListKeys(prefix, cursor or "", count))
-        states.extend(page.states)
+async def every_page(backend: Backend, start: str, count: int) -> tuple[list[Status], int]:
+    """Every status under ``start``, walking the pages to the end; and how many pages."""
+    statuses: list[Status] = []
+    cursor, pages = "", 0
+    while True:
+        page: KeyPage = await backend.run(ListKeys(start, POLICY, BUCKET, cursor, count))
+        statuses += page.statuses
+        pages += 1
         cursor = page.cursor
-        if cursor is None:
-            return states
-    raise AssertionError("the listing never ended")
+        if not cursor:
+            return statuses, pages
+        assert pages < 100
 
 
-async def test_a_listing_pages_through_every_key_of_its_prefix_once(backend: Backend) -> None:
-    wanted = {f"a:{n:02d}" for n in range(23)}
-    for key in sorted(wanted):
-        await backend.run(Record(key, 10.0 + int(key[2:]), OPEN))
-    for n in range(5):
-        await backend.run(Record(f"b:{n}", 1.0, OPEN))
+async def test_every_key_under_the_start_is_listed_once_with_its_status(
+    backend: Backend, clock: Clock
+) -> None:
+    outbound = [f"default:{n:032x}" for n in range(23)]
+    for n, key in enumerate(outbound):
+        await backend.run(Record(key, 10.0 * (n + 1), POLICY))
+    await backend.run(Record(outbound[0], 5_000, POLICY))  # trips: open for 30 s
+    await backend.run(Configure(outbound[1], limit=42.0))
+    inbound = "inbound:" + "f" * 32
+    await backend.run(Admit(inbound, cost=2, amount=1, velocity=POLICY, bucket=BUCKET))
+    clock.advance(5)
 
-    states = await collect(backend.run, "a:", count=4)
+    listed, pages = await every_page(backend, "default:", count=5)
+    assert sorted(status.key for status in listed) == outbound  # not the inbound key
+    assert len({status.key for status in listed}) == len(listed)
+    assert pages >= 2  # paged, not all at once
+    for status in listed:
+        assert status == await backend.run(ReadStatus(status.key, POLICY, BUCKET))
+    by_key = {status.key: status for status in listed}
+    assert by_key[outbound[0]].open_until == clock.now + 25
+    assert by_key[outbound[1]].limit == 42.0
+    assert by_key[outbound[5]].rate == 60.0
 
-    keys = [state.key for state in states]
-    assert len(keys) == len(set(keys))  # each key once
-    assert set(keys) == wanted  # and no key of another prefix
-    for state in states:
-        assert state.velocity is not None and state.bucket is None
-        assert state.velocity.minute_amount == 10.0 + int(state.key[2:])
-        assert state.now == backend.clock.now
-
-
-async def test_read_state_is_the_state_status_is_computed_from(backend: Backend) -> None:
-    await backend.run(Admit("k", 1.0, 300.0, OPEN, BUCKET))
-    backend.clock.advance(7)
-    await backend.run(Admit("k", 1.0, 200.0, OPEN, BUCKET))
-
-    state = await backend.run(ReadState("k"))
-    status = await backend.run(ReadStatus("k", OPEN, BUCKET))
-
-    assert state.key == "k" and state.now == backend.clock.now
-    assert state.velocity is not None and state.bucket is not None
-    assert sum(state.velocity.amounts) == 500.0
-    viewed = status_of("k", state.velocity, state.bucket, state.now, OPEN, BUCKET)
-    assert viewed == status
-    assert (status.rate, status.bucket_level) == (500.0, 9.0)  # 10 - 1, refilled, - 1
+    (only,), _ = await every_page(backend, "inbound:", count=5)
+    assert (only.key, only.bucket_level) == (inbound, 3.5)  # 5 - 2, refilled 5 s x 0.1
 
 
-async def test_an_unknown_key_reads_as_no_state(backend: Backend) -> None:
-    state = await backend.run(ReadState("nobody"))
-    assert (state.velocity, state.bucket) == (None, None)
-    assert (await backend.run(ListKeys("nobody"))).states == []
+async def test_a_start_with_the_beginning_of_a_key_id_narrows_the_list(backend: Backend) -> None:
+    keys = ["default:abc" + "0" * 29, "default:abd" + "0" * 29, "default:abc1" + "0" * 28]
+    for key in keys:
+        await backend.run(Record(key, 1.0, POLICY))
+    listed, _ = await every_page(backend, "default:abc", count=50)
+    assert sorted(status.key for status in listed) == sorted([keys[0], keys[2]])
+    nothing, _ = await every_page(backend, "default:0", count=50)
+    assert nothing == []
 
 
-def test_memory_lists_only_live_keys_and_holds_copies(clock: Clock) -> None:
-    store = MemoryStore(clock=clock, ttl=60)
-    store.run(Record("a:old", 1.0, OPEN))
-    clock.advance(61)
-    store.run(Record("a:new", 5.0, OPEN))
-
-    [state] = store.run(ListKeys("a:")).states
-
-    assert state.key == "a:new"
-    assert state.velocity is not None
-    state.velocity.amounts[0] = 1e9  # a copy: the store's own state is untouched
-    assert store.run(ReadStatus("a:new", OPEN, None)).rate == 5.0
+async def test_glob_characters_in_the_start_match_only_themselves(backend: Backend) -> None:
+    await backend.run(Record("a*b:x", 1.0, POLICY))
+    await backend.run(Record("aXb:y", 1.0, POLICY))
+    listed, _ = await every_page(backend, "a*b:", count=50)
+    assert [status.key for status in listed] == ["a*b:x"]
 
 
-@pytest.mark.redis
-def test_redis_listing_reads_binary_state_through_a_decoding_client(redis_url: str) -> None:
-    """A client built with decode_responses=True still gets the packed state as bytes."""
-    prefix = f"tf-ls-{uuid.uuid4().hex[:8]}"
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        store = RedisStore(client, prefix=prefix)
-        store.run(Record("x:1", 42.0, OPEN))
-        [state] = store.run(ListKeys("x:")).states
-        assert state.velocity is not None and state.velocity.minute_amount == 42.0
-    finally:
-        client.delete(*client.scan_iter(match=f"{prefix}:*"))
-        client.close()
+def test_the_memory_store_does_not_list_expired_keys(clock: Clock) -> None:
+    # (Redis expires keys by its own clock, which the simulated one does not move.)
+    store = MemoryStore(clock=clock, ttl=3600)
+    store.run(Record("default:old", 1.0, POLICY))
+    clock.advance(3601)
+    store.run(Record("default:new", 1.0, POLICY))
+    page = store.run(ListKeys("default:", POLICY, None))
+    assert ([status.key for status in page.statuses], page.cursor) == (["default:new"], "")
+
+
+# -- a real cluster: one SCAN walk per primary -------------------------------------------------
+
+
+@pytest.fixture
+def cluster(cluster_url: str) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster_url)
+    yield client
+    client.close()
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("face", ["sync", "async"])
-def test_cluster_listing_finds_the_keys_of_every_primary(cluster_url: str, face: str) -> None:
-    prefix = f"tf-ls-{uuid.uuid4().hex[:8]}"
-    raw = redis.cluster.RedisCluster.from_url(cluster_url)
-    store = RedisStore.from_url(cluster_url, prefix=prefix, cluster=True)
+async def test_a_cluster_lists_the_keys_of_every_primary(
+    cluster: RedisCluster, cluster_url: str, clock: Clock
+) -> None:
+    prefix = unique_prefix()
+    keys = [f"default:{n:032x}" for n in range(40)]
+    store = RedisStore(cluster, prefix=prefix, clock=clock)
     try:
-        wanted = {f"c:{n}" for n in range(40)}
-        for key in wanted:
-            store.run(Record(key, 3.0, OPEN))
-        owners = {raw.get_node_from_key(f"{prefix}:{{{key}}}").name for key in wanted}
-        primaries = {node.name for node in raw.get_primaries()}
-        assert owners == primaries  # the keys really are spread over every primary
+        for key in keys:
+            store.run(Record(key, 7.0, POLICY))
+        owners = {cluster.get_node_from_key(key_of(prefix, key)).name for key in keys}
+        assert len(owners) == 3
+        walked: list[str] = []
+        cursor = ""
+        for _ in range(100):
+            page = store.run(ListKeys("default:", POLICY, None, cursor, 6))
+            walked += [status.key for status in page.statuses]
+            cursor = page.cursor
+            if not cursor:
+                break
+        assert sorted(set(walked)) == keys
 
-        async def listed() -> list[KeyState]:
-            async def sync_face(op: ListKeys) -> KeyPage:
-                return store.run(op)
-
-            try:
-                return await collect(store.arun if face == "async" else sync_face, "c:", 7)
-            finally:
-                await store.aclose()
-
-        states = asyncio.run(listed())
-        assert sorted(state.key for state in states) == sorted(wanted)
+        async_client = AsyncRedisCluster.from_url(cluster_url)
+        async_store = RedisStore(async_client, prefix=prefix, clock=clock)
+        try:
+            page = await async_store.arun(ListKeys("default:", POLICY, None, "", 1000))
+            statuses = page.statuses
+            while page.cursor:
+                page = await async_store.arun(ListKeys("default:", POLICY, None, page.cursor, 1000))
+                statuses += page.statuses
+            assert sorted({status.key for status in statuses}) == keys
+            assert {status.rate for status in statuses} == {7.0}
+        finally:
+            await async_client.aclose()
     finally:
-        for key in raw.scan_iter(match=f"{prefix}:*"):
-            raw.delete(key)
-        store.close()
-        raw.close()
+        for key in keys:
+            cluster.delete(key_of(prefix, key))

@@ -18,13 +18,12 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 
 from .._core.bucket import FREE, BucketPolicy
 from .._core.velocity import VelocityPolicy
 from .._events import Hook
-from .._fuse import Fuse, default_fuse
+from .._fuse import Fuse
 from .._stores.base import AsyncStore, SyncStore
 
 __all__ = ["CALL_VELOCITY", "default_inbound_fuse", "inbound_fuse"]
@@ -65,15 +64,10 @@ def inbound_fuse(
     )
 
 
-_default: Fuse | None = None
-_lock = threading.Lock()
-
-
 def default_inbound_fuse() -> Fuse:
-    """The process-wide inbound fuse: the defaults above on the embedded store that the
-    argument-less transport uses too (its keys live under their own name, ``inbound``)."""
-    global _default
-    with _lock:
-        if _default is None:
-            _default = inbound_fuse(default_fuse().store)
-        return _default
+    """The process-wide inbound fuse: the defaults above (or what the ``TOKENFUSE_*``
+    environment or ``tokenfuse.configure`` set) on the store the argument-less transport uses
+    too (its keys live under their own name, ``inbound``)."""
+    from .._settings import default_fuses
+
+    return default_fuses()[1]

@@ -16,6 +16,7 @@ from .._core.bucket import BucketPolicy
 from .._errors import ConfigurationError, FuseTripped, StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
+from .._settings import current as current_settings
 from .defaults import default_inbound_fuse
 from .identify import ANONYMOUS, bearer_or_api_key
 from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tiers_rule
@@ -77,7 +78,8 @@ class InboundGuard:
             raise ConfigurationError("count='tokens' needs a fuse with a velocity policy")
         self.anonymous = options.anonymous
         self.count = options.count
-        self.shadow = bool(options.shadow)
+        # TOKENFUSE_SHADOW / configure(shadow=True): a dry run of the whole deployment.
+        self.shadow = bool(options.shadow) or current_settings().shadow
         self.refusal = options.refusal
         self.policy_name = options.policy_name
         #: The tokens response header, lower-cased: the shells strip it from responses.

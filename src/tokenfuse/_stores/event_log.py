@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: Events about a key that teach the log its label.
-LABELLED_KINDS = frozenset({"tripped", "near_limit", "reset", "config_changed", "forgiven"})
+LABELLED_KINDS = frozenset({"tripped", "near_limit", "reset", "configured", "forgiven"})
 #: Events about the store itself: not written while it fails, but with the next event after.
 OUTAGE_KINDS = frozenset({"store_unavailable", "pool_exhausted"})
 
@@ -77,7 +77,7 @@ class LoggedEvent:
         return cls(
             id=id,
             kind=event.kind,
-            fuse=fuse,
+            fuse=event.fuse or fuse,
             label=event.key,
             key_id=event.key_id,
             detail=event.detail,
@@ -234,4 +234,4 @@ def remember_label(
     """Pass an event's (fuse, key id) and label to ``remember`` when it teaches one: a key
     event whose label is more than the id itself (what a key addressed by id alone shows)."""
     if event.kind in LABELLED_KINDS and event.key and event.key_id and event.key != event.key_id:
-        remember((fuse, event.key_id), event.key)
+        remember((event.fuse or fuse, event.key_id), event.key)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 import time
@@ -25,13 +24,13 @@ from .ops import (
     Configure,
     Gate,
     KeyPage,
-    KeyState,
     ListKeys,
     Op,
     ReadState,
     ReadStatus,
     Record,
     Reset,
+    StoredState,
     Unset,
 )
 
@@ -212,17 +211,21 @@ class MemoryStore:
         entry = self._peek(op.key, now)
         return status_of(op.key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
 
-    def _read_state(self, op: ReadState, now: float) -> KeyState:
+    def _read_state(self, op: ReadState, now: float) -> StoredState:
         return _snapshot(op.key, self._peek(op.key, now), now)
 
-    def _list_keys(self, op: ListKeys, now: float) -> KeyPage:
-        """The ``count`` smallest live keys after the cursor: ordered by key, not by use, so a
-        page boundary stays put while decisions reorder the table."""
+    def _list(self, op: ListKeys, now: float) -> KeyPage:
+        # In key order, so that a page starts after the previous page's last key.
+        keys = sorted(k for k in self._entries if k.startswith(op.key) and k > op.cursor)
         count = max(op.count, 1)
-        after = (key for key in self._entries if key.startswith(op.prefix) and key > op.cursor)
-        keys = heapq.nsmallest(count, (key for key in after if self._entries[key].expires > now))
-        states = [_snapshot(key, self._entries[key], now) for key in keys]
-        return KeyPage(states, keys[-1] if len(keys) == count else None)
+        statuses = []
+        for key in keys[:count]:
+            entry = self._entries[key]
+            if entry.expires > now:
+                statuses.append(
+                    status_of(key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
+                )
+        return KeyPage(statuses, keys[count - 1] if len(keys) > count else "")
 
     def _reset(self, op: Reset, now: float) -> None:
         entry = self._entries.get(op.key)
@@ -253,17 +256,17 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     Record: MemoryStore._record,
     Admit: MemoryStore._admit,
     ReadStatus: MemoryStore._status,
+    ListKeys: MemoryStore._list,
     Reset: MemoryStore._reset,
     Configure: MemoryStore._configure,
     ReadState: MemoryStore._read_state,
-    ListKeys: MemoryStore._list_keys,
 }
 
 
-def _snapshot(key: str, entry: _Entry, now: float) -> KeyState:
+def _snapshot(key: str, entry: _Entry, now: float) -> StoredState:
     """A copy of the entry's states, safe to read after the lock is released."""
     velocity = entry.velocity
     if velocity is not None:
         velocity = replace(velocity, amounts=list(velocity.amounts), largest=list(velocity.largest))
     bucket = replace(entry.bucket) if entry.bucket is not None else None
-    return KeyState(key, now, velocity, bucket)
+    return StoredState(key, now, velocity, bucket)

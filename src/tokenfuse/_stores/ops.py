@@ -5,7 +5,8 @@ needs travels in the value, and each store says in one place how it runs it (``M
 applies the pure core, ``RedisStore`` encodes the value for its script and decodes the reply).
 ``Op[R]`` carries the type of the result, so ``store.run(Gate(key))`` is a ``VelocityVerdict``.
 
-``key`` is already storage-safe (``Fuse`` hashes identities and adds its name).
+``key`` is already storage-safe (``Fuse`` hashes identities and adds its name). One operation
+is about many keys: ``ListKeys``, whose ``key`` is the start that their keys share.
 
 >>> MemoryStore().run(Record("default:agent-42", 1_200.0, VelocityPolicy())).rate  # doctest: +SKIP
 1200.0
@@ -13,7 +14,7 @@ applies the pure core, ``RedisStore`` encodes the value for its script and decod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
@@ -27,13 +28,13 @@ __all__ = [
     "Configure",
     "Gate",
     "KeyPage",
-    "KeyState",
     "ListKeys",
     "Op",
     "ReadState",
     "ReadStatus",
     "Record",
     "Reset",
+    "StoredState",
     "Unset",
 ]
 
@@ -132,12 +133,40 @@ class Configure(Op[None]):
     rate: float | None | Unset = UNSET
 
 
+@dataclass(frozen=True, slots=True)
+class KeyPage:
+    """One page of ``ListKeys``: each key's status (its ``key`` the storage key) and where
+    the next page starts (``""``: this was the last)."""
+
+    statuses: list[Status] = field(default_factory=list)
+    cursor: str = ""
+
+
+@dataclass(slots=True)
+class ListKeys(Op[KeyPage]):
+    """The status of the keys starting with ``key`` (a fuse's ``"name:"``, maybe with the
+    start of a key id after it), a page of about ``count`` at a time, in no useful order.
+
+    Read-only and made for operators, not the hot path: nothing is indexed for it, so it walks
+    the store (``SCAN`` on every primary of a Redis Cluster). A key created or removed while
+    the pages are walked may be listed or not, and Redis may list a key on two pages.
+    """
+
+    name: ClassVar[str] = "list"
+    key: str
+    velocity: VelocityPolicy
+    bucket: BucketPolicy | None
+    cursor: str = ""
+    """Where to go on: ``""`` for the first page, else the previous page's ``cursor``."""
+    count: int = 500
+
+
 # -- reading state for operators: what the admin pages and the CLI show -------------------------
 
 
 @dataclass(slots=True)
-class KeyState:
-    """One key's raw state as the store holds it, read at ``now`` (the store's clock): a copy,
+class StoredState:
+    """One key's state as the store holds it, read at ``now`` (the store's clock): a copy,
     so the caller may look at it at leisure. None where the key has no such state."""
 
     key: str
@@ -147,34 +176,9 @@ class KeyState:
 
 
 @dataclass(slots=True)
-class KeyPage:
-    """One page of a listing; ``cursor`` continues it, None when the listing is complete."""
-
-    states: list[KeyState]
-    cursor: str | None
-
-
-@dataclass(slots=True)
-class ReadState(Op[KeyState]):
-    """The key's raw state, read without changing anything (``status.lua`` again: the same
-    read as ``ReadStatus``, with the view left to the caller)."""
+class ReadState(Op[StoredState]):
+    """The key's state itself, read without changing anything (``status.lua`` again: the same
+    read as ``ReadStatus``, for a view of more than the status: the window slot by slot)."""
 
     name: ClassVar[str] = "status"
     key: str
-
-
-@dataclass(slots=True)
-class ListKeys(Op[KeyPage]):
-    """A page of the keys that start with ``prefix`` (a fuse's ``"<name>:"``, or more of a
-    key to find one by its id), with their states. Start with ``cursor=""`` and pass each
-    page's cursor back until it is None; ``count`` is a hint of the page size.
-
-    Reads only: no index is kept for it, so deciding costs nothing more. A ``RedisStore``
-    runs SCAN on every primary and reads the states in batches; a ``MemoryStore`` walks its
-    table. A key may be missed or seen twice if it appears or expires during a listing.
-    """
-
-    name: ClassVar[str] = "list"
-    prefix: str
-    cursor: str = ""
-    count: int = 500

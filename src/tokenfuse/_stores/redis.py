@@ -6,6 +6,9 @@ needs no lock, pipeline or retry loop. ``redis_codec`` says how each operation b
 script's arguments and how its reply becomes the result; ``run`` and ``arun`` differ only in
 awaiting the script call.
 
+``ListKeys``, the one operation about many keys, is no script: it walks the keyspace with
+``SCAN`` (``redis_listing``).
+
 **State.** All of an identity's state, live overrides included, is one packed string with a
 TTL, ``<prefix>:{<key>}``, read and written once per decision: every process sees an override
 with its next decision, in the same round trip. The layout is in ``redis_codec``, the reasons
@@ -26,12 +29,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from .._errors import ConfigurationError
-from .._plans import Plan, adrive, drive
-from .ops import Op
+from . import redis_listing
+from .ops import ListKeys, Op
 from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable
 from .redis_codec import CODECS, Args, Codec, key_of
 from .redis_events import RedisEventLog
-from .redis_listing import PLANS, Step
 
 __all__ = ["RedisStore"]
 
@@ -129,16 +131,15 @@ class RedisStore:
         await self._clients.aclose()
 
     # -- one operation = one script call; both faces encode and decode it the same way --------
-    # (an operation without a script, a listing, is a plan of client calls: ``PLANS``)
 
     def run(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs a sync client."""
-        codec = CODECS.get(type(op))
-        if codec is None:
+        if type(op) is ListKeys:  # many keys, no script (``redis_listing``)
             client = self._clients.sync_client()
             with Unavailable(op.name):
-                return cast(R, drive(self._plan(op), lambda step: step(client)))
-        keys, args = self._encode(op, codec)
+                page = redis_listing.run_sync(client, op, self.prefix, self._now())
+            return cast(R, page)
+        codec, keys, args = self._encode(op)
         script = self._clients.sync_scripts()[op.name]
         with Unavailable(op.name):
             reply = script(keys, args)
@@ -147,21 +148,22 @@ class RedisStore:
 
     async def arun(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
-        codec = CODECS.get(type(op))
-        if codec is None:
+        if type(op) is ListKeys:
             client = self._clients.async_client()
             with Unavailable(op.name):
-                return cast(R, await adrive(self._plan(op), lambda step: step(client)))
-        keys, args = self._encode(op, codec)
+                page = await redis_listing.run_async(client, op, self.prefix, self._now())
+            return cast(R, page)
+        codec, keys, args = self._encode(op)
         script = self._clients.async_scripts()[op.name]
         with Unavailable(op.name):
             reply = await script(keys, args)
         result: R = codec.result(op, reply)
         return result
 
-    def _encode(self, op: Op[Any], codec: Codec[Any, Any]) -> tuple[tuple[str], Args]:
+    def _encode(self, op: Op[Any]) -> tuple[Codec[Any, Any], tuple[str], Args]:
+        codec = CODECS[type(op)]
         now = "" if self.clock is None else repr(float(self.clock()))
-        return (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)
+        return codec, (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)
 
-    def _plan(self, op: Op[Any]) -> Plan[Step, Any]:
-        return PLANS[type(op)](op, self.prefix, self.clock)
+    def _now(self) -> float | None:
+        return None if self.clock is None else float(self.clock())

@@ -278,14 +278,14 @@ class Clients:
         return scripts
 
     def sync_client(self) -> SyncClient:
-        """The sync client (built at its first use), for the commands that are no script:
-        listings and the event log."""
+        """The sync client itself, for commands other than the scripts (``ListKeys``, the
+        event log)."""
         self.sync_scripts()
         assert self._sync is not None
         return self._sync
 
     def async_client(self) -> AsyncClient:
-        """The asyncio client (built at its first use), for the commands that are no script."""
+        """The asyncio client itself, for commands other than the scripts (``ListKeys``)."""
         self.async_scripts()
         assert self._async is not None
         return self._async

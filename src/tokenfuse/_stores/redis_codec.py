@@ -18,7 +18,18 @@ from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
 from .._core.status import Status, status_of
 from .._core.velocity import REASON_CODES, SLOTS, VelocityPolicy, VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
-from .ops import Admit, Configure, Gate, KeyState, Op, ReadState, ReadStatus, Record, Reset, Unset
+from .ops import (
+    Admit,
+    Configure,
+    Gate,
+    Op,
+    ReadState,
+    ReadStatus,
+    Record,
+    Reset,
+    StoredState,
+    Unset,
+)
 
 __all__ = [
     "BUCKET_BLOCK",
@@ -57,7 +68,6 @@ VELOCITY_LAYOUT = (
 BUCKET_LAYOUT = ("tokens", "updated", "use_minute", "use_amount", "hot_since", "alerted")
 VELOCITY_BLOCK = struct.Struct("<" + "d" * (len(VELOCITY_LAYOUT) + 2 * SLOTS + 1))
 BUCKET_BLOCK = struct.Struct("<" + "d" * (len(BUCKET_LAYOUT) + 2))
-_BOTH_BLOCKS = VELOCITY_BLOCK.size + BUCKET_BLOCK.size
 _V_INTS = frozenset({"head", "minute", "pending_minute", "samples", "strikes", "trip_reason"})
 _B_INTS = frozenset({"use_minute", "hot_since"})
 
@@ -93,6 +103,19 @@ def bucket_state(
     state.capacity_override = capacity_override
     state.rate_override = rate_override
     return state
+
+
+def states_of(raw: bytes) -> tuple[VelocityState | None, BucketState | None]:
+    """The core's state objects from an identity's whole string (a raw ``GET``); a string
+    of no known length (not tokenfuse's) reads as no state."""
+    velocity = bucket = None
+    if len(raw) in (VELOCITY_BLOCK.size, VELOCITY_BLOCK.size + BUCKET_BLOCK.size):
+        numbers = VELOCITY_BLOCK.unpack_from(raw)
+        velocity = velocity_state(numbers[:-1], numbers[-1])
+    if len(raw) in (BUCKET_BLOCK.size, VELOCITY_BLOCK.size + BUCKET_BLOCK.size):
+        numbers = BUCKET_BLOCK.unpack_from(raw, len(raw) - BUCKET_BLOCK.size)
+        bucket = bucket_state(numbers[:-2], *numbers[-2:])
+    return velocity, bucket
 
 
 # -- arguments ------------------------------------------------------------------------------------
@@ -220,35 +243,19 @@ def _admit_verdict(op: Admit, reply: bytes | str) -> AdmitVerdict:
     )
 
 
-def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> KeyState:
+def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> StoredState:
     """``status.lua``'s reply: the key's raw state, as the core's state objects."""
     numbers = [float(text) for text in reply[1].split()]
     vstate = velocity_state(numbers[:-1], numbers[-1]) if numbers else None
     numbers = [float(text) for text in reply[2].split()]
     bstate = bucket_state(numbers[:-2], *numbers[-2:]) if numbers else None
-    return KeyState(op.key, float(reply[0]), vstate, bstate)
+    return StoredState(op.key, float(reply[0]), vstate, bstate)
 
 
 def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
     """``status.lua``'s raw state, viewed through the core (as ``MemoryStore`` does)."""
     state = _key_state(op, reply)
     return status_of(op.key, state.velocity, state.bucket, state.now, op.velocity, op.bucket)
-
-
-def states_of(blob: bytes) -> tuple[VelocityState | None, BucketState | None]:
-    """The state objects in an identity's string as stored (read by a plain GET): the velocity
-    block, then the bucket block, each if present; (None, None) for a string of another size
-    (not one of ours)."""
-    if len(blob) not in (VELOCITY_BLOCK.size, BUCKET_BLOCK.size, _BOTH_BLOCKS):
-        return None, None
-    vstate = bstate = None
-    if len(blob) != BUCKET_BLOCK.size:
-        numbers = VELOCITY_BLOCK.unpack_from(blob)
-        vstate = velocity_state(numbers[:-1], numbers[-1])
-    if len(blob) != VELOCITY_BLOCK.size:
-        numbers = BUCKET_BLOCK.unpack_from(blob, len(blob) - BUCKET_BLOCK.size)
-        bstate = bucket_state(numbers[:-2], *numbers[-2:])
-    return vstate, bstate
 
 
 def _nothing(op: Reset | Configure, reply: object) -> None:

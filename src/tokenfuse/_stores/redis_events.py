@@ -25,21 +25,24 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.cluster
 
 from .._events import FuseEvent, Hook, logger
 from .._plans import Plan, adrive, drive
 from .event_log import OUTAGE_KINDS, LoggedEvent, remember_label
 from .redis_budget import command_timeout
 from .redis_clients import REDIS_ERRORS, Clients, Unavailable
-from .redis_listing import Step, is_cluster, pipeline
 
 __all__ = ["DEFAULT_MAXLEN", "RedisEventLog"]
+
+#: A client call: its reply, or an awaitable of it for an asyncio client.
+Step = Callable[[Any], Any]
 
 #: Entries the stream keeps (about; ``MAXLEN ~``).
 DEFAULT_MAXLEN = 10_000
@@ -55,6 +58,15 @@ _POLL = 0.2
 
 #: An event to write, with its label's key and the label when it teaches one.
 Entry = tuple[LoggedEvent, tuple[str, str] | None]
+
+
+def _is_cluster(client: Any) -> bool:
+    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
+
+def _pipeline(client: Any) -> Any:
+    """A pipeline without MULTI/EXEC: a cluster client's sends each command to its key's node."""
+    return client.pipeline() if _is_cluster(client) else client.pipeline(transaction=False)
 
 
 def _xread(client: Any, *, streams: dict[str, str], count: int, block: int | None) -> Any:
@@ -144,7 +156,7 @@ class RedisEventLog:
 
     def _send(self, client: Any, batch: list[Entry]) -> Any:
         """One pipeline of the batch's XADDs and label SETs (awaitable for an asyncio client)."""
-        pipe = pipeline(client)
+        pipe = _pipeline(client)
         for event, label in batch:
             pipe.xadd(self.stream, event.fields(), maxlen=self.maxlen, approximate=True)
             if label is not None:
@@ -250,7 +262,7 @@ class RedisEventLog:
         names = [self._label_key(fuse, key_id) for key_id in key_ids]
 
         def get(client: Any) -> Any:
-            return client.mget_nonatomic(names) if is_cluster(client) else client.mget(names)
+            return client.mget_nonatomic(names) if _is_cluster(client) else client.mget(names)
 
         values = yield get
         return {

@@ -1,131 +1,175 @@
-"""Listing identities in Redis: SCAN on each primary in turn, then the page's states in one
-batched read, decoded here with the codec's layout (``states_of``).
+"""How ``RedisStore`` runs ``ListKeys``: ``SCAN`` on every primary, then the states in batches.
 
-No script and no index: SCAN cannot run inside a script, and keeping an index would cost a
-write on every decision. A listing is a plan (``_plans``) of client calls, so ``run`` and
-``arun`` share it. The cursor says where the next page starts: ``"<node>:<SCAN cursor>"``,
-the node being the index of a primary in the cluster's primaries sorted by address (one, for
-a standalone server).
+Nothing is indexed for listing (the hot path writes one string per decision and nothing else),
+so a page walks the keyspace: ``SCAN MATCH <prefix>:{<op.key>*`` on one primary after another
+(a standalone server is one), at most ``_SCANS_PER_PAGE`` calls per page so that a page's work
+is bounded however large the database; then one pipelined ``GET`` per node for the keys found,
+decoded with the state layout of ``redis_codec`` and viewed through the core
+(``status_of``), as ``ReadStatus`` is.
+
+The walk is written once, as steps (``walk`` yields each command and receives its reply), and
+the sync and asyncio faces only carry the commands out (``run_sync``, ``run_async``).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Generator
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import redis.asyncio.cluster
-import redis.cluster
-from redis.client import NEVER_DECODE
-
-from .._errors import ConfigurationError
-from .._plans import Plan
-from .ops import KeyPage, KeyState, ListKeys, Op
+from .._core.status import status_of
+from .ops import KeyPage, ListKeys
 from .redis_codec import states_of
 
-__all__ = ["PLANS", "Step", "is_cluster", "list_plan", "pipeline", "seconds"]
+__all__ = ["Fetch", "Now", "Scan", "run_async", "run_sync", "walk"]
 
-#: A client call: its reply, or an awaitable of it for an asyncio client.
-Step = Callable[[Any], Any]
-
-_GLOB = re.compile(r"([*?\[\]\\])")
-
-
-def _glob_escaped(text: str) -> str:
-    return _GLOB.sub(r"\\\1", text)
+# A page stops after this many SCAN calls even if it found fewer keys than asked for: its
+# cursor says where the next page goes on.
+_SCANS_PER_PAGE = 64
 
 
-def _sorted(nodes: Sequence[Any]) -> list[Any]:
-    return sorted(nodes, key=lambda node: node.name)
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """One ``SCAN`` on one node (None: the standalone server): reply ``(cursor, keys)``."""
+
+    node: str | None
+    cursor: int
+    match: str
+    count: int
 
 
-async def _cluster_primaries(client: redis.asyncio.cluster.RedisCluster) -> list[Any]:
-    await client.initialize()  # an asyncio cluster client learns its nodes on first use
-    return _sorted(client.get_primaries())
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Pipelined ``GET`` of ``keys`` (raw bytes, never decoded): reply the values in order."""
+
+    keys: list[str]
 
 
-def _primaries(client: Any) -> Any:
-    """The nodes to scan: every primary of a cluster, or None for the one server."""
-    if isinstance(client, redis.asyncio.cluster.RedisCluster):
-        return _cluster_primaries(client)
-    if isinstance(client, redis.cluster.RedisCluster):
-        return _sorted(client.get_primaries())  # type: ignore[no-untyped-call]
-    return [None]
+@dataclass(frozen=True, slots=True)
+class Now:
+    """The server's clock: reply epoch seconds."""
 
 
-def is_cluster(client: Any) -> bool:
-    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+Step = Scan | Fetch | Now
 
 
-def pipeline(client: Any) -> Any:
-    """A pipeline without MULTI/EXEC: a cluster client's sends each command to its key's node."""
-    return client.pipeline() if is_cluster(client) else client.pipeline(transaction=False)
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def _on(node: Any) -> dict[str, Any]:
-    return {} if node is None else {"target_nodes": node}
-
-
-def _scan(client: Any, *, node: Any, cursor: int, match: str, count: int) -> Any:
-    return client.scan(cursor, match=match, count=count, **_on(node))
-
-
-def _get_many(client: Any, *, names: Sequence[str]) -> Any:
-    """The strings at ``names`` as bytes, whatever the client's ``decode_responses``."""
-    if is_cluster(client):
-        pipe = pipeline(client)  # one GET per key: each is in a slot of its own
-        for name in names:
-            pipe.execute_command("GET", name, **{NEVER_DECODE: []})
-        return pipe.execute()
-    return client.execute_command("MGET", *names, **{NEVER_DECODE: []})
-
-
-def _time(client: Any, *, node: Any) -> Any:
-    return client.time(**_on(node))
-
-
-def seconds(reply: Sequence[int]) -> float:
-    """A ``TIME`` reply as epoch seconds."""
-    return int(reply[0]) + int(reply[1]) / 1e6
-
-
-def _position(cursor: str, nodes: int) -> tuple[int, int]:
-    if not cursor:
+def _cursor(text: str, nodes: list[str | None]) -> tuple[int, int]:
+    """(index of the node to scan, SCAN cursor on it) from a page's cursor ``node/cursor``."""
+    if not text:
         return 0, 0
-    node, _, position = cursor.partition(":")
-    if not (node.isdigit() and position.isdigit() and int(node) < nodes):
-        raise ConfigurationError(f"not a listing cursor of this store: {cursor!r}")
-    return int(node), int(position)
+    node, _, cursor = text.rpartition("/")
+    for index, name in enumerate(nodes):
+        if (name or "") == node:
+            return index, int(cursor)
+    return len(nodes), 0  # the node is gone (the cluster changed): nothing left there
 
 
-def list_plan(op: ListKeys, prefix: str, clock: Callable[[], float] | None) -> Plan[Step, KeyPage]:
-    """One page of ``op``: SCAN once on one primary, read the states found, and say where
-    the next page starts (the same primary, the next one, or nowhere)."""
-    nodes: list[Any] = yield _primaries
-    index, position = _position(op.cursor, len(nodes))
-    head = f"{prefix}:{{"
-    match = f"{_glob_escaped(head + op.prefix)}*}}"
-    reply = yield partial(
-        _scan, node=nodes[index], cursor=position, match=match, count=max(op.count, 1)
-    )
-    found, names = reply
-    # A cluster client answers {node: cursor}; a standalone one the cursor alone.
-    following = int(next(iter(found.values())) if isinstance(found, dict) else found)
-    names = [name.decode() if isinstance(name, bytes) else name for name in names]
-    blobs = (yield partial(_get_many, names=names)) if names else []
-    now = clock() if clock is not None else seconds((yield partial(_time, node=nodes[index])))
-    states = []
-    for name, blob in zip(names, blobs, strict=True):
-        velocity, bucket = states_of(blob) if blob else (None, None)
-        if velocity is not None or bucket is not None:  # expired since the SCAN, or not ours
-            states.append(KeyState(name[len(head) : -1], now, velocity, bucket))
-    if following:
-        return KeyPage(states, f"{index}:{following}")
-    return KeyPage(states, f"{index + 1}:0" if index + 1 < len(nodes) else None)
+def walk(
+    op: ListKeys, prefix: str, nodes: list[str | None], clock: float | None
+) -> Generator[Step, Any, KeyPage]:
+    """The steps of one page; returns it. ``nodes``: every primary's name (None for a
+    standalone server), sorted, so that a cursor names the node it goes on with."""
+    index, cursor = _cursor(op.cursor, nodes)
+    match = f"{_glob_escape(prefix)}:{{{_glob_escape(op.key)}*"
+    found: dict[str, None] = {}  # one SCAN may return a key twice: keep each once, in order
+    for _ in range(_SCANS_PER_PAGE):
+        if index >= len(nodes) or len(found) >= op.count:
+            break
+        cursor, keys = yield Scan(nodes[index], cursor, match, max(op.count, 10))
+        found.update(dict.fromkeys(k.decode() if isinstance(k, bytes) else k for k in keys))
+        if cursor == 0:
+            index, cursor = index + 1, 0
+    next_cursor = f"{nodes[index] or ''}/{cursor}" if index < len(nodes) else ""
+    names = list(found)
+    if not names:
+        return KeyPage([], next_cursor)
+    values = yield Fetch(names)
+    now = clock if clock is not None else (yield Now())
+    start = len(prefix) + 2  # "<prefix>:{"
+    statuses = []
+    for name, raw in zip(names, values, strict=True):
+        if raw is None:
+            continue  # expired or reset since the SCAN
+        velocity, bucket = states_of(raw)
+        key = name[start:-1]
+        statuses.append(status_of(key, velocity, bucket, now, op.velocity, op.bucket))
+    return KeyPage(statuses, next_cursor)
 
 
-#: The operations ``RedisStore`` runs as plans of client calls rather than scripts.
-PLANS: dict[type[Op[Any]], Callable[[Any, str, Callable[[], float] | None], Plan[Step, Any]]] = {
-    ListKeys: list_plan,
-}
+def _clock(reply: Any) -> float:
+    seconds, micros = reply
+    return int(seconds) + int(micros) / 1e6
+
+
+def _from_one_node(reply: Any) -> Any:
+    cursors, keys = reply  # a cluster client answers ({node name: cursor}, keys)
+    return next(iter(cursors.values())), keys
+
+
+def _as_is(reply: Any) -> Any:
+    return reply
+
+
+def _command(client: Any, nodes: dict[str, Any] | None, step: Step) -> tuple[Any, Any]:
+    """(the client call that carries ``step`` out, what turns its answer into the reply)."""
+    from redis.client import NEVER_DECODE
+
+    if isinstance(step, Scan):
+        scan = partial(client.scan, step.cursor, match=step.match, count=step.count)
+        if nodes is None:
+            return scan, _as_is
+        return partial(scan, target_nodes=nodes[str(step.node)]), _from_one_node
+    if isinstance(step, Fetch):
+        pipe = client.pipeline(transaction=False) if nodes is None else client.pipeline()
+        for key in step.keys:
+            pipe.execute_command("GET", key, **{NEVER_DECODE: []})  # queued, not sent
+        return pipe.execute, _as_is
+    return client.time, _clock
+
+
+def _primaries(client: Any) -> tuple[list[str | None], dict[str, Any] | None]:
+    """Every primary's name, sorted, and the nodes by name; ``[None], None`` when standalone."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    if not isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return [None], None
+    nodes = {node.name: node for node in client.get_primaries()}
+    return sorted(nodes), nodes
+
+
+def run_sync(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
+    """One page of ``op``, walked with a sync redis-py client."""
+    names, nodes = _primaries(client)
+    steps = walk(op, prefix, names, clock)
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            page: KeyPage = done.value
+            return page
+        call, shape = _command(client, nodes, step)
+        reply = shape(call())
+
+
+async def run_async(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
+    """One page of ``op``, walked with an asyncio redis-py client."""
+    if hasattr(client, "initialize"):
+        await client.initialize()  # an asyncio cluster client learns its nodes on first use
+    names, nodes = _primaries(client)
+    steps = walk(op, prefix, names, clock)
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            page: KeyPage = done.value
+            return page
+        call, shape = _command(client, nodes, step)
+        reply = shape(await call())
