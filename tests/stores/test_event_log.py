@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio
 
 from tests.stores.conftest import OwnRedis, delete_prefix
 from tokenfuse import Fuse, MemoryStore, VelocityPolicy
@@ -145,8 +146,9 @@ def test_the_stream_is_capped(redis_url: str, prefix: str) -> None:
     assert 10 <= length <= 110
 
 
-async def test_asyncio_trips_are_logged_without_waiting(redis_url: str, prefix: str) -> None:
-    store = RedisStore.from_url(redis_url, prefix=prefix)
+async def test_an_asyncio_only_store_logs_from_a_task(redis_url: str, prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    store = RedisStore(client, prefix=prefix)
     fuse = Fuse(store, velocity=CEILING)
     await fuse.arecord("agent-async", 2_000)
     await store.events.aflush()
@@ -155,6 +157,15 @@ async def test_asyncio_trips_are_logged_without_waiting(redis_url: str, prefix: 
     assert await store.events.alabels("default", [event.key_id or ""]) == {
         event.key_id: "agent-async"
     }
+    await client.aclose()
+
+
+async def test_a_store_with_a_sync_client_logs_before_the_decision_returns(
+    redis_url: str, prefix: str
+) -> None:
+    store = RedisStore.from_url(redis_url, prefix=prefix)
+    await Fuse(store, velocity=CEILING).arecord("agent-async", 2_000)
+    assert [event.kind for event in store.events.recent(5)] == ["tripped"]  # no flush needed
     await store.aclose()
 
 

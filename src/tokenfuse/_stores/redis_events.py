@@ -9,8 +9,10 @@
 
 Appending never raises and never waits on a store that is failing: an outage's own event
 (``store_unavailable``, ``pool_exhausted``) is held back, with anything that failed to be
-written, and written before the next event (``store_recovered``, usually). In asyncio code
-the write is a task of the running loop, so the decision that tripped does not wait for it.
+written, and written before the next event (``store_recovered``, usually). A write is one
+pipelined round trip on the sync client, made by the decision that tripped (the one that
+pays for it, once per trip); a store with an asyncio client only writes from a task of the
+running loop instead.
 
 Readers block with ``XREAD BLOCK`` on a client of their own whose timeout is long enough
 (``READER_TIMEOUT``, for a store built from a URL), each wait bounded to end well within it,
@@ -141,18 +143,16 @@ class RedisEventLog:
                 return  # the store is failing: write it with the next event
             batch = list(self._held)
             self._held.clear()
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None and self._clients.has_async:
-            task = loop.create_task(self._awrite(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        elif self._clients.has_sync:
+        if self._clients.has_sync:
             self._write(batch)
-        else:
+            return
+        try:  # an asyncio client only: a task of the running loop writes it
+            task = asyncio.get_running_loop().create_task(self._awrite(batch))
+        except RuntimeError:  # no loop runs: the next event will take it
             self._hold(batch)
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _send(self, client: Any, batch: list[Entry]) -> Any:
         """One pipeline of the batch's XADDs and label SETs (awaitable for an asyncio client)."""
