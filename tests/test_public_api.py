@@ -31,12 +31,16 @@ EXPORTED = {id(getattr(m, name)) for m in EVERY_MODULE.values() for name in m.__
 
 def test_the_public_modules() -> None:
     assert set(PUBLIC_MODULES) == {
+        "admin",
         "alerts",
         "config",
         "events",
         "fuse",
         "integrations",
+        "mcp",
+        "metrics",
         "middleware",
+        "replay",
         "stores",
         "transport",
         "usage",

@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from time import perf_counter
 from typing import TypeVar
 
 from ._core.admission import AdmitVerdict
@@ -32,6 +33,7 @@ from ._errors import (
 from ._events import EventKind, FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
+from ._observe import WATCHERS, decided, store_failed
 from ._observe import apply as apply_settings
 from ._settings import current as current_settings
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
@@ -325,14 +327,15 @@ class Fuse:
         if op is None:
             return Decision(key=identity.label, allowed=True)
         store = self._sync()
-        if not self.health.available():
-            return self._degraded(identity, None)
-        try:
-            verdict = store.run(op)
-        except Exception as exc:
-            return self._degraded(identity, exc)
-        self._healthy()
-        return decide(identity, verdict)
+        # Metrics: when nothing observes decisions, this check is all they cost.
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: T | Exception | None = None  # None: the store is being skipped
+        if self.health.available():
+            try:
+                outcome = store.run(op)
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, decide, outcome, started)
 
     async def _adecide(
         self, identity: Identity, op: Op[T] | None, decide: Callable[[Identity, T], Decision]
@@ -341,14 +344,37 @@ class Fuse:
         if op is None:
             return Decision(key=identity.label, allowed=True)
         store = self._async()
-        if not self.health.available():
-            return self._degraded(identity, None)
-        try:
-            verdict = await store.arun(op)
-        except Exception as exc:
-            return self._degraded(identity, exc)
-        self._healthy()
-        return decide(identity, verdict)
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: T | Exception | None = None
+        if self.health.available():
+            try:
+                outcome = await store.arun(op)
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, decide, outcome, started)
+
+    def _conclude(
+        self,
+        identity: Identity,
+        op: Op[T],
+        decide: Callable[[Identity, T], Decision],
+        outcome: T | Exception | None,
+        started: float,
+    ) -> Decision:
+        """The decision on what the store answered (or raised, or None: was not asked)."""
+        watchers = WATCHERS.decisions
+        if outcome is None:
+            decision = self._degraded(identity, None)
+        elif isinstance(outcome, Exception):
+            if watchers:
+                store_failed(watchers, self, op, outcome)
+            decision = self._degraded(identity, outcome)
+        else:
+            self._healthy()
+            decision = decide(identity, outcome)
+        if watchers and started:
+            decided(watchers, self, op, decision, perf_counter() - started)
+        return decision
 
     def _emit(
         self,

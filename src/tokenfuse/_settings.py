@@ -73,10 +73,28 @@ def duration(value: float | str, name: str) -> float:
     return seconds
 
 
+def _number_or_text(value: float | str) -> float | str:
+    """A plain number written as text (``"20000"``) is that number; other text is a rate."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _per_minute(value: float | str, name: str) -> float:
+    return per_minute(_number_or_text(value), name)
+
+
+def _per_second(value: float | str, name: str) -> float:
+    return per_second(_number_or_text(value), name)
+
+
 def _optional_limit(value: float | str | None, name: str) -> float | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
         return None
-    return per_minute(value, name)
+    return _per_minute(value, name)
 
 
 def _positive(value: float | str, name: str) -> float:
@@ -174,7 +192,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "TOKENFUSE_MIN_BASELINE",
         "min_baseline",
-        per_minute,
+        _per_minute,
         "Baselines below this are not spike-checked (default 100/min).",
     ),
     Variable(
@@ -198,7 +216,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "TOKENFUSE_BUCKET_RATE",
         "bucket_rate",
-        per_second,
+        _per_second,
         "Inbound bucket refill per caller (numbers per second, or 600/min); default 10/s.",
     ),
     Variable(

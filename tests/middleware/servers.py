@@ -38,13 +38,17 @@ def _answers(port: int) -> bool:
 
 @contextmanager
 def running(
-    args: list[str], port: int, env: Mapping[str, str] | None = None, timeout: float = 20.0
+    args: list[str],
+    port: int,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 20.0,
+    python: str = sys.executable,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``python <args>`` with ``child_env(env)`` until the block ends; only this process
     is ever signalled."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     process = subprocess.Popen(
-        [sys.executable, *args],
+        [python, *args],
         cwd=ROOT,
         env=child_env(env),
         stdout=log,

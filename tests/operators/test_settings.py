@@ -34,11 +34,17 @@ SAMPLES = {
     "TOKENFUSE_INBOUND_LIMIT": ("600/hour", 10.0),
     "TOKENFUSE_BUCKET_RATE": ("1.2k/min", 20.0),
     "TOKENFUSE_BUCKET_CAPACITY": ("80", 80.0),
+    # (a plain number is per minute for limits, per second for the bucket rate)
     "TOKENFUSE_ALERT_WEBHOOK": ("https://hooks.example/x", "https://hooks.example/x"),
     "TOKENFUSE_METRICS": ("off", False),
     "TOKENFUSE_METRICS_KEYS": ("3f9a0c1b2d4e, agent-42", ("3f9a0c1b2d4e", "agent-42")),
     "TOKENFUSE_METRICS_TOP": ("25", 25),
 }
+
+
+def test_plain_numbers_are_rates_in_the_documented_unit() -> None:
+    settings = Settings.from_env({"TOKENFUSE_LIMIT": "20000", "TOKENFUSE_BUCKET_RATE": "2.5"})
+    assert (settings.limit, settings.bucket_rate) == (20_000.0, 2.5)
 
 
 def test_every_variable_has_a_sample_here() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from .._errors import StoreUnavailable
 from .guard import Outcome
+from .mcp.mode import McpMode
 from .reply import Headers, Reply, unavailable
 from .report import parse_amount
 from .request import AsgiRequest
@@ -52,8 +53,8 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
     ... )
 
     The keyword options (``fuse``, ``identify``, ``anonymous``, ``cost``, ``tiers``, ``count``,
-    ``exclude``, ``shadow``, ``refusal``, ``policy_name``, ``tokens_header``) are described in
-    ``InboundOptions``; the fuse's store needs an async face.
+    ``exclude``, ``shadow``, ``refusal``, ``policy_name``, ``tokens_header``, ``mcp``) are
+    described in ``InboundOptions``; the fuse's store needs an async face.
     """
 
     face = "async"
@@ -62,8 +63,17 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._tokens_header = self.guard.tokens_header.encode("latin-1")
+        mode = McpMode.of(self.mcp)
+        self._mcp = None
+        if mode is not None:
+            from .mcp.asgi import McpShell  # loaded only in front of MCP servers
+
+            self._mcp = McpShell(self.guard, mode, self.cost)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._mcp is not None and scope["type"] == "http":
+            await self._mcp(scope, receive, send, self.app)
+            return
         request = AsgiRequest(scope)
         plan = self.guard.plan(request) if scope["type"] == "http" else None
         if plan is None:

@@ -21,6 +21,7 @@ from .._errors import ConfigurationError, FuseTripped
 from .._fuse import Fuse
 from .._identity import Identity
 from .identify import IdentifyRequest, resolve
+from .mcp.mode import McpMode
 from .reply import Reply
 from .report import TOKENS_HEADER
 from .request import RequestView
@@ -83,6 +84,9 @@ class InboundOptions:
             ``RateLimit`` headers are added unless the reply sets them.
         policy_name: the policy's name in the ``RateLimit`` headers.
         tokens_header: the response header a handler may report tokens in (stripped).
+        mcp: ``True`` (or an ``McpMode``) in front of an MCP server (ASGI only): charge
+            ``tools/call`` by tool name (``cost={"refund": 5}``), never the protocol's own
+            messages, and refuse in MCP's shape (``docs/mcp.md``).
     """
 
     fuse: Fuse | None = None
@@ -96,8 +100,10 @@ class InboundOptions:
     refusal: Refusal | None = None
     policy_name: str = "default"
     tokens_header: str = TOKENS_HEADER
+    mcp: bool | McpMode = False
 
     def __post_init__(self) -> None:
+        McpMode.of(self.mcp)  # refuses anything but a bool or an McpMode
         if self.anonymous not in ("shared", "allow"):
             raise ConfigurationError(
                 f"anonymous must be 'shared' or 'allow', not {self.anonymous!r}"

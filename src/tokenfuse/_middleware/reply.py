@@ -26,7 +26,16 @@ from functools import lru_cache
 from .._errors import FuseTripped, StoreUnavailable
 from .throttle import Throttle
 
-__all__ = ["Headers", "Reply", "delay_seconds", "rate_limit_headers", "refused", "unavailable"]
+__all__ = [
+    "Headers",
+    "Reply",
+    "delay_seconds",
+    "error_fields",
+    "log_failing_closed",
+    "rate_limit_headers",
+    "refused",
+    "unavailable",
+]
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -109,10 +118,18 @@ def _json_number(value: object) -> object:
     return value
 
 
+def error_fields(error: FuseTripped | StoreUnavailable) -> dict[str, object]:
+    """What a refusal says, JSON-ready: the error's fields (``type``, ``message``, ...) or,
+    for a store that is down, a generic ``store_unavailable`` with a retry in 1 s."""
+    if isinstance(error, StoreUnavailable):
+        message = "the rate limiter cannot decide right now; retry shortly"
+        return {"type": "store_unavailable", "message": message, "retry_after": 1}
+    return {name: _json_number(value) for name, value in error.as_dict().items()}
+
+
 def refused(error: FuseTripped, headers: Headers) -> Reply:
     """The default refusal: 429 with the error's fields as JSON (``type``, ``message``, ...)."""
-    body = {name: _json_number(value) for name, value in error.as_dict().items()}
-    return Reply.json(body, status=429, headers=headers)
+    return Reply.json(error_fields(error), status=429, headers=headers)
 
 
 _unavailable_log = Throttle(1.0)  # a dead store fails every request: one line a second
@@ -121,10 +138,13 @@ _unavailable_log = Throttle(1.0)  # a dead store fails every request: one line a
 def unavailable(exc: StoreUnavailable) -> Reply:
     """The store is down and the fuse fails closed: 503, never a 500. The body is generic:
     the store's error names hosts and ports, which is for the log only."""
+    log_failing_closed(exc, "503")
+    return Reply.json(error_fields(exc), status=503, headers=(("Retry-After", "1"),))
+
+
+def log_failing_closed(exc: StoreUnavailable, answer: str) -> None:
+    """The detail of a dead store, for the log: one line a second at most."""
     held = _unavailable_log.take()
     if held is not None:
         more = f"; {held} more held back" if held else ""
-        logger.warning("tokenfuse: failing closed with 503: %s%s", exc, more)
-    message = "the rate limiter cannot decide right now; retry shortly"
-    body = {"type": "store_unavailable", "message": message, "retry_after": 1}
-    return Reply.json(body, status=503, headers=(("Retry-After", "1"),))
+        logger.warning("tokenfuse: failing closed with %s: %s%s", answer, exc, more)

@@ -38,6 +38,8 @@ class InboundMiddleware(InboundOptions, Generic[App]):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.mcp and self.face != "async":
+            raise ConfigurationError("mcp=True is for ASGI apps (MCP servers are): use TokenFuse")
         self.guard = InboundGuard(self)
         fuse = self.guard.fuse
         if not (fuse.has_async if self.face == "async" else fuse.has_sync):

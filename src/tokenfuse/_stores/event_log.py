@@ -115,6 +115,17 @@ class LoggedEvent:
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
+    def event(self) -> FuseEvent:
+        """The ``FuseEvent`` logged (its refusal as text only: ``detail``)."""
+        return FuseEvent(
+            self.kind,  # type: ignore[arg-type]  # a kind of a newer version reads as is
+            self.label,
+            self.detail,
+            at=self.at,
+            key_id=self.key_id,
+            fuse=self.fuse,
+        )
+
 
 def _number(text: str | None) -> float | None:
     try:

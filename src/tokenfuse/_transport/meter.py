@@ -16,6 +16,7 @@ from typing import Any
 from .._events import logger
 from .._fuse import Decision
 from .._identity import Identity
+from .._observe import WATCHERS, CallFacts, call_facts, metered
 from .._usage import (
     ExtractorRegistry,
     ResponseHead,
@@ -111,7 +112,7 @@ class Meter:
     one is logged once and leaves the call's usage unknown.
     """
 
-    __slots__ = ("_failure", "_reader", "identity", "report", "streaming")
+    __slots__ = ("_failure", "_reader", "call", "identity", "report", "streaming")
 
     def __init__(self, identity: Identity, report: FuseReport) -> None:
         self.identity = identity
@@ -119,6 +120,7 @@ class Meter:
         self._reader: UsageReader | None = None
         self._failure: str | None = None
         self.streaming = False  # a reader waits for the body, which is still to be streamed
+        self.call: CallFacts | None = None  # model and operation, read when usage is observed
 
     def read_with(self, reader: UsageReader | None, body: bytes | None) -> None:
         """Read with ``reader``: ``body`` at once if the response came back already read, else
@@ -146,6 +148,8 @@ class Meter:
         report.usage = usage
         if usage is None:
             return None
+        if self.call is not None and usage.known and WATCHERS.usage:
+            metered(WATCHERS.usage, self.identity, usage, self.call)
         if usage.problem is not None and not usage.counts_nothing:
             log_once(usage.provider, usage.problem)
         total = usage.total
@@ -188,6 +192,8 @@ class Metering:
         body is read from memory, where it is already decoded.
         """
         meter = Meter(identity, FuseReport(identity, gate))
+        if WATCHERS.usage:  # metrics: the model and operation of the call, for their labels
+            meter.call = call_facts(request)
         body = _body_if_read(response)
         try:
             reader = self._reader_for(request, response, decoded=body is not None)

@@ -1,0 +1,1 @@
+"""The operator's side: keys listed and addressed, live changes, events (``Admin``)."""

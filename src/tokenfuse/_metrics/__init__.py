@@ -1,0 +1,1 @@
+"""Metrics: counts kept off the hot path (``tally``), exported to Prometheus and OpenTelemetry."""

@@ -1,0 +1,67 @@
+"""The per-tool keys of MCP mode, and the fuses that judge them.
+
+Besides the caller's own key (its bucket and call velocity, weighted by cost), a charged
+call is judged under two more keys of the same store:
+
+* **caller × tool** — the velocity check per tool: a caller looping on ``refund`` trips for
+  ``refund`` against ``refund``'s own baseline, even when its busy ``lookup`` traffic hides
+  the loop in the caller's total. Judged by a companion fuse named ``<fuse>.tools`` with the
+  inbound fuse's velocity policy and no bucket (the bucket stays per caller).
+* **caller × failing call** — the failure-loop breaker (``failures.py``). The fingerprint of
+  tool and arguments is folded into one of ``slots`` keys per caller, so a caller cannot grow
+  the store without bound by varying arguments; every key expires with the store's TTL.
+
+Keys are hashes (of the caller's own hashed key, the tool name, the fingerprint): no tool
+name or argument reaches the store. Labels, for messages, name the caller and the tool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..._core.velocity import VelocityPolicy
+from ..._fuse import Fuse
+from ..._identity import Identity
+from .classify import Call
+
+__all__ = ["companion", "failure_key", "tool_key"]
+
+_LABEL_NAME = 48
+
+
+def _hash(*parts: str) -> str:
+    joined = "\x00".join(parts).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(joined).hexdigest()[:32]
+
+
+def _label(caller: Identity, call: Call) -> str:
+    kind = "tool" if call.is_tool_call else call.method.split("/")[0].rstrip("s")
+    name = "".join(ch if ch.isprintable() else "?" for ch in call.name[:_LABEL_NAME])
+    return f"{caller.label} {kind} {name}"
+
+
+def tool_key(caller: Identity, call: Call) -> Identity:
+    """The caller × tool identity of the per-tool velocity check."""
+    return Identity(
+        key=_hash("tool", caller.key, call.method, call.name), label=_label(caller, call)
+    )
+
+
+def failure_key(caller: Identity, call: Call, slots: int) -> Identity:
+    """The caller × failing-call identity: one of ``slots`` per caller."""
+    slot = int(call.fingerprint[:8], 16) % slots
+    return Identity(key=_hash("failures", caller.key, str(slot)), label=_label(caller, call))
+
+
+def companion(fuse: Fuse, suffix: str, velocity: VelocityPolicy) -> Fuse:
+    """A bucket-less fuse on ``fuse``'s store, health and event hooks, under its own name."""
+    other = Fuse(
+        fuse.store,
+        name=f"{fuse.name}.{suffix}"[:64],
+        velocity=velocity,
+        bucket=None,
+        fail_closed=fuse.fail_closed,
+        health=fuse.health,
+    )
+    other.hooks = fuse.hooks  # events reach the user's hooks, added before or after this
+    return other

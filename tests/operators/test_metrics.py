@@ -1,0 +1,304 @@
+"""Metrics scraped from real registries: Prometheus text from a CollectorRegistry, and the
+GenAI histogram read back with the OpenTelemetry SDK's in-memory reader."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tests.conftest import Clock
+from tokenfuse import (
+    BucketPolicy,
+    Fuse,
+    FuseTransport,
+    MemoryStore,
+    StoreUnavailable,
+    VelocityPolicy,
+)
+from tokenfuse.fuse import Identity
+from tokenfuse.metrics import GenAITokenUsage, Tally, TallyCollector, install
+
+OPENAI = "https://api.openai.com/v1/chat/completions"
+GEMINI = "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
+
+
+class Scrape:
+    """A registry of the test's own, with a tally installed for the test's length."""
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self.registry = CollectorRegistry()
+        self.registry.register(TallyCollector(tally))
+
+    def value(self, name: str, **labels: str) -> float:
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+@pytest.fixture
+def scrape() -> Iterator[Scrape]:
+    tally = Tally(keys={"agent-listed"}, top=2)
+    remove = install(tally)
+    yield Scrape(tally)
+    remove()
+
+
+def openai_llm(
+    prompt: int = 1_000, completion: int = 500
+) -> Callable[[httpx.Request], httpx.Response]:
+    def answer(request: httpx.Request) -> httpx.Response:
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+        return httpx.Response(200, json={"model": "gpt-4o-2024", "usage": usage})
+
+    return answer
+
+
+def chat(client: httpx.Client, model: str = "gpt-4o-mini", url: str = OPENAI) -> httpx.Response:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    return client.post(url, content=body)
+
+
+def guarded(fuse: Fuse, llm: Callable[[httpx.Request], httpx.Response]) -> httpx.Client:
+    transport = FuseTransport(httpx.MockTransport(llm), fuse=fuse)
+    return httpx.Client(
+        transport=transport, headers={"authorization": "Bearer sk-test-0123456789abcdef"}
+    )
+
+
+def test_tokens_are_counted_by_provider_model_and_type(scrape: Scrape, clock: Clock) -> None:
+    client = guarded(Fuse(MemoryStore(clock=clock)), openai_llm(1_000, 500))
+    for _ in range(3):
+        chat(client)
+    chat(client, model="gpt-5")
+    labels = {"provider": "openai", "estimated": "false"}
+    assert (
+        scrape.value("tokenfuse_tokens_total", model="gpt-4o-mini", token_type="input", **labels)
+        == 3_000
+    )
+    assert (
+        scrape.value("tokenfuse_tokens_total", model="gpt-4o-mini", token_type="output", **labels)
+        == 1_500
+    )
+    assert (
+        scrape.value("tokenfuse_tokens_total", model="gpt-5", token_type="input", **labels) == 1_000
+    )
+
+
+def test_the_model_in_the_path_wins_and_models_are_capped(scrape: Scrape, clock: Clock) -> None:
+    def gemini(request: httpx.Request) -> httpx.Response:
+        usage = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
+        return httpx.Response(200, json={"usageMetadata": usage})
+
+    client = guarded(Fuse(MemoryStore(clock=clock)), gemini)
+    chat(client, url=GEMINI)
+    assert (
+        scrape.value(
+            "tokenfuse_tokens_total",
+            provider="gemini",
+            model="gemini-2.5-flash",
+            token_type="output",
+            estimated="false",
+        )
+        == 5
+    )
+    from tokenfuse._metrics.tally import MAX_MODELS
+
+    openai = guarded(Fuse(MemoryStore(clock=clock)), openai_llm(1, 1))
+    for n in range(MAX_MODELS + 5):
+        chat(openai, model=f"model-{n}")
+    models = {labels[1] for labels in scrape.tally.snapshot()["tokens"]}
+    assert len(models) == MAX_MODELS + 1 and "other" in models
+
+
+def test_decisions_refusals_trips_and_open_keys(scrape: Scrape, clock: Clock) -> None:
+    fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=2_000, cooldown=60))
+    client = guarded(fuse, openai_llm(1_000, 500))
+    chat(client)
+    chat(client)  # 3,000 tokens/min: this record trips
+    with pytest.raises(Exception, match="rate over the ceiling"):
+        chat(client)  # refused at the gate
+    out = {"layer": "outbound", "fuse": "default"}
+    assert (
+        scrape.value("tokenfuse_decisions_total", operation="gate", outcome="allowed", **out) == 2
+    )
+    assert (
+        scrape.value("tokenfuse_decisions_total", operation="gate", outcome="refused", **out) == 1
+    )
+    assert (
+        scrape.value("tokenfuse_decisions_total", operation="record", outcome="refused", **out) == 1
+    )
+    assert scrape.value("tokenfuse_trips_total", reason="manual_ceiling", **out) == 1
+    assert scrape.value("tokenfuse_refusals_total", reason="manual_ceiling", **out) == 2
+    assert scrape.value("tokenfuse_keys_open", fuse="default") == 1
+    count = scrape.value("tokenfuse_decision_seconds_count", layer="outbound", operation="gate")
+    fastest = scrape.value(
+        "tokenfuse_decision_seconds_bucket", layer="outbound", operation="gate", le="1.0"
+    )
+    assert count == fastest == 3
+    fuse.reset(Identity.secret("sk-test-0123456789abcdef"))
+    chat(client)  # allowed again: no longer counted as open
+    assert scrape.value("tokenfuse_keys_open", fuse="default") == 0
+
+
+def test_inbound_quota_refusals_and_a_near_limit_episode(scrape: Scrape, clock: Clock) -> None:
+    fuse = Fuse(MemoryStore(clock=clock), name="inbound", bucket=BucketPolicy(rate=1, capacity=5))
+    for _ in range(8):
+        fuse.admit("caller-1")
+    inbound = {"layer": "inbound", "fuse": "inbound"}
+    assert scrape.value("tokenfuse_refusals_total", reason="quota_exhausted", **inbound) == 3
+    assert scrape.value("tokenfuse_keys_open", fuse="inbound") == 0  # an empty bucket opens nothing
+    for _ in range(7 * 60):  # seven minutes at the refill rate: hot all along
+        clock.advance(1)
+        fuse.admit("caller-1")
+    assert scrape.value("tokenfuse_near_limit_episodes_total", fuse="inbound") == 1
+
+
+class FailingStore:
+    def run(self, op: object) -> object:
+        raise StoreUnavailable("down")
+
+    async def arun(self, op: object) -> object:
+        raise StoreUnavailable("down")
+
+
+def test_store_errors_and_degraded_decisions(scrape: Scrape) -> None:
+    fuse = Fuse(FailingStore())
+    for _ in range(5):
+        assert fuse.record("agent-1", 10).degraded
+    out = {"layer": "outbound", "fuse": "default"}
+    # Three failures open the back-off: the other two decisions skip the store.
+    assert scrape.value("tokenfuse_store_errors_total", fuse="default", operation="record") == 3
+    assert (
+        scrape.value("tokenfuse_decisions_total", operation="record", outcome="degraded", **out)
+        == 5
+    )
+
+
+def test_per_key_series_only_for_the_allow_list_and_the_busiest(
+    scrape: Scrape, clock: Clock
+) -> None:
+    fuse = Fuse(MemoryStore(clock=clock))
+    for n in range(1, 40):
+        fuse.record(f"agent-{n}", 100.0 * n)
+    fuse.record("agent-listed", 1.0)
+    series = {
+        line.split("key=")[1].split('"')[1]
+        for line in scrape.text().splitlines()
+        if line.startswith("tokenfuse_key_rate{")
+    }
+    assert series == {"agent-39", "agent-38", "agent-listed"}
+    listed = Identity.named("agent-listed").key_id
+    assert (
+        scrape.value("tokenfuse_key_rate", fuse="default", key_id=listed, key="agent-listed") == 1.0
+    )
+    threshold = scrape.value(
+        "tokenfuse_key_threshold", fuse="default", key_id=listed, key="agent-listed"
+    )
+    assert threshold == 100_000.0  # the cold-start ceiling: no baseline yet
+
+
+def test_metrics_add_no_store_round_trip(scrape: Scrape, clock: Clock) -> None:
+    class Counting(MemoryStore):
+        runs = 0
+
+        def run(self, op: Any) -> Any:
+            Counting.runs += 1
+            return super().run(op)
+
+    store = Counting(clock=clock)
+    client = guarded(Fuse(store), openai_llm())
+    for _ in range(10):
+        chat(client)
+    assert Counting.runs == 20  # a gate and a record per call, as without metrics
+    assert sum(scrape.tally.snapshot()["decisions"].values()) == 20
+
+
+def test_a_failing_observer_never_breaks_a_call(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken:
+        def decided(self, *args: object) -> None:
+            raise RuntimeError("observer bug")
+
+        def store_failed(self, *args: object) -> None:
+            raise RuntimeError("observer bug")
+
+    remove = install(Broken())
+    try:
+        fuse = Fuse(MemoryStore(clock=clock))
+        assert fuse.record("agent-1", 10).allowed
+        assert fuse.record("agent-1", 10).allowed
+    finally:
+        remove()
+    failures = [record for record in caplog.records if "failed; the call goes on" in record.message]
+    assert len(failures) == 1  # logged once, not per call
+
+
+def test_the_default_registry_has_the_metrics_with_no_code() -> None:
+    code = (
+        "import tokenfuse\n"
+        "from prometheus_client import REGISTRY\n"
+        "tokenfuse.Fuse().record('agent-1', 10)\n"
+        "print(REGISTRY.get_sample_value('tokenfuse_decisions_total', {'layer': 'outbound',"
+        " 'fuse': 'default', 'operation': 'record', 'outcome': 'allowed'}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENFUSE_")}
+    on = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert float(on.stdout) == 1.0, on.stderr
+    off = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "TOKENFUSE_METRICS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert off.stdout.strip() == "None", off.stderr
+
+
+# -- OpenTelemetry -----------------------------------------------------------------------------
+
+
+def test_the_genai_token_usage_histogram(clock: Clock) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    remove = install(GenAITokenUsage(provider))
+    try:
+        client = guarded(Fuse(MemoryStore(clock=clock)), openai_llm(1_000, 500))
+        chat(client)
+        chat(client)
+    finally:
+        remove()
+        chat(client)  # not recorded any more
+    (metric,) = [
+        metric
+        for resource in reader.get_metrics_data().resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    ]
+    assert (metric.name, metric.unit) == ("gen_ai.client.token.usage", "{token}")
+    points = {point.attributes["gen_ai.token.type"]: point for point in metric.data.data_points}
+    assert set(points) == {"input", "output"}
+    assert (points["input"].count, points["input"].sum) == (2, 2_000)
+    assert (points["output"].count, points["output"].sum) == (2, 1_000)
+    assert dict(points["input"].attributes) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "gpt-4o-mini",
+        "gen_ai.token.type": "input",
+    }
