@@ -17,11 +17,10 @@ has no hand-kept sync and async copies.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-__all__ = ["Call", "Plan", "acall", "adrive", "call", "drive"]
+__all__ = ["Plan", "adrive", "drive"]
 
 S = TypeVar("S")
 R = TypeVar("R")
@@ -55,29 +54,3 @@ async def adrive(plan: Plan[S, R], execute: Callable[[S], Awaitable[Any] | Any])
         reply = execute(step)
         if inspect.isawaitable(reply):
             reply = await reply
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One call of a method pair named the tokenfuse way, ``name`` and ``a<name>`` (``run`` /
-    ``arun``, ``reset`` / ``areset``): ``call`` makes the first, ``acall`` awaits the second.
-
-    >>> call(Call("text", "upper", ()))
-    'TEXT'
-    """
-
-    target: Any
-    name: str
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-
-def call(step: Call) -> Any:
-    """Make the sync call ``step`` names: a plan of ``Call`` steps runs as ``drive(plan, call)``."""
-    return getattr(step.target, step.name)(*step.args, **step.kwargs)
-
-
-def acall(step: Call) -> Awaitable[Any]:
-    """Make the asyncio call ``step`` names: ``await adrive(plan, acall)``."""
-    result: Awaitable[Any] = getattr(step.target, "a" + step.name)(*step.args, **step.kwargs)
-    return result

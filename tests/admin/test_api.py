@@ -32,9 +32,9 @@ async def test_the_key_table(api: httpx.AsyncClient, other_process: Fuse) -> Non
     assert answer.status_code == 200
     assert answer.headers["cache-control"] == "no-store"
     keys = answer.json()["keys"]
-    assert [(k["key_id"], k["open"], k["label"]) for k in keys] == [
-        (LOOP, True, "agent-loop"),
-        (Identity.named("agent-quiet").key_id, False, None),
+    assert [(k["key_id"], k["state"], k["label"]) for k in keys] == [
+        (LOOP, "open", "agent-loop"),
+        (Identity.named("agent-quiet").key_id, "ok", None),
     ]
     assert keys[0]["rate"] == 1_500 and keys[0]["limit"] == 1_000
     only_open = (await api.get("/api/keys", params={"state": "open"})).json()
@@ -54,7 +54,7 @@ async def test_a_key_reset_from_the_api_is_closed_for_every_process(
     assert answer.json() == {"ok": True, "key_id": LOOP, "done": "reset"}
     assert other_process.gate("agent-loop").allowed
     detail = (await api.get(f"/api/keys/{LOOP}")).json()
-    assert detail["key"]["open"] is False
+    assert detail["key"]["state"] != "open"
     assert [event["kind"] for event in detail["events"]] == ["tripped", "reset"]
     assert len(detail["window"]) == 13
 
@@ -87,6 +87,9 @@ async def test_unknown_and_ambiguous_keys_and_forgive(
     await trip(other_process)
     missing = await api.get("/api/keys/abcdef0123")
     assert (missing.status_code, missing.json()["type"]) == (404, "KeyNotFound")
+    credential = await api.post("/api/keys/sk-proj-0123456789abcdef0123/reset")
+    assert (credential.status_code, credential.json()["type"]) == (409, "AmbiguousKey")
+    assert "0123456789abcdef" not in credential.text
     assert (await api.get("/api/keys/agent-nobody")).status_code == 404
     assert (await api.get(f"/api/keys/{LOOP}", params={"by": "name"})).status_code == 404
     assert (await api.get("/api/keys/agent-loop", params={"by": "name"})).status_code == 200
@@ -94,7 +97,7 @@ async def test_unknown_and_ambiguous_keys_and_forgive(
     if hasattr(Fuse, "forgive"):
         assert forgive.status_code == 200
     else:
-        assert forgive.status_code == 501 and "reset the key" in forgive.json()["error"]
+        assert forgive.status_code == 501 and "reset" in forgive.json()["error"]
 
 
 async def test_a_credential_is_looked_up_in_the_body_and_never_echoed(
@@ -113,7 +116,11 @@ async def test_a_credential_is_looked_up_in_the_body_and_never_echoed(
     listed = (await api.get("/api/keys")).text + (await api.get("/api/events")).text
     assert "0000000000000" not in listed
     unknown = await api.post("/api/lookup", json={"name": "agent-none"})
-    assert unknown.json()["exists"] is False
+    assert unknown.json() == {
+        "key_id": Identity.named("agent-none").key_id,
+        "label": None,
+        "exists": False,
+    }
     assert (await api.post("/api/lookup", json={})).status_code == 400
 
 

@@ -1,7 +1,7 @@
-"""The admin app's queries (``Panel``): listing, detail, finding a key, live changes.
+"""What the admin page asks (``Panel``, on ``tokenfuse.admin.Admin``): the key table, one key
+in detail, the key a page names, and live changes.
 
-Run on the embedded store with a simulated clock and on the real Redis (and Cluster), through
-the sync and the asyncio methods: both run one plan, and both must give the same answers.
+Run on the embedded store with a simulated clock and on the real Redis (and Cluster).
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from collections.abc import Iterator
 import pytest
 import redis.cluster
 
-from tests.admin.conftest import BUCKET, POLICY
+from tests.admin.conftest import POLICY
 from tests.conftest import Clock
 from tokenfuse import Fuse, MemoryStore
 from tokenfuse._dashboard.history import MinuteHistory
-from tokenfuse._dashboard.service import AmbiguousKey, KeyNotFound, NotSupported, Panel
+from tokenfuse._dashboard.service import Panel
 from tokenfuse._errors import ConfigurationError
 from tokenfuse._identity import Identity
 from tokenfuse._stores.redis import RedisStore
+from tokenfuse.admin import AmbiguousKey, KeyNotFound, NotAvailable
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -39,67 +40,56 @@ def key_id(name: str) -> str:
     return Identity.named(name).key_id
 
 
+AGENTS = {"agent-a": 100, "agent-b": 500, "agent-c": 300, "agent-loop": 1_200}
+
+
 def test_the_table_shows_open_keys_first_then_the_busiest(fuse: Fuse) -> None:
-    spend(fuse, {"agent-a": 100, "agent-b": 500, "agent-c": 300, "agent-loop": 1_200})
-    listing = Panel(fuse).keys()
+    spend(fuse, AGENTS)
+    listing = Panel(fuse).keys(sort="rate")
 
     assert [view.key_id for view in listing.keys] == [
         key_id(name) for name in ("agent-loop", "agent-b", "agent-c", "agent-a")
     ]
     loop, busiest = listing.keys[0], listing.keys[1]
-    assert (loop.open, loop.label, loop.limit, loop.rate) == (True, "agent-loop", 1_000, 1_200)
+    assert (loop.state, loop.label, loop.status.limit, loop.status.rate) == (
+        "open", "agent-loop", 1_000, 1_200,
+    )  # fmt: skip
     # The store holds hashes only: a label is known once an event taught it (the trip).
-    assert (busiest.open, busiest.label, busiest.rate) == (False, None, 500)
-    assert busiest.bucket_fill == 1.0  # never admitted: its bucket is full
-    assert (listing.total, listing.scanned, listing.complete) == (4, 4, True)
+    assert (busiest.state, busiest.label, busiest.status.rate) == ("ok", None, 500)
+    assert listing.total == 4
+    # Open first whatever the order asked for: by baseline (none yet), the rest stay as listed.
+    assert Panel(fuse).keys(sort="baseline").keys[0].key_id == key_id("agent-loop")
 
 
-def test_filters_search_sorts_and_pages(fuse: Fuse) -> None:
-    spend(fuse, {"agent-a": 100, "agent-b": 500, "agent-c": 300, "agent-loop": 1_200})
+def test_filters_search_and_pages(fuse: Fuse) -> None:
+    spend(fuse, AGENTS)
     panel = Panel(fuse)
 
     def ids(**options: object) -> list[str]:
         return [view.key_id for view in panel.keys(**options).keys]  # type: ignore[arg-type]
 
     assert ids(state="open") == [key_id("agent-loop")]
-    assert len(ids(state="closed")) == 3
+    assert len(ids(state="ok")) == 3
     assert ids(search="LOOP") == [key_id("agent-loop")]  # a label, in any case
     assert ids(search=key_id("agent-c")[:6]) == [key_id("agent-c")]  # the start of an id
-    assert ids(limit=2, offset=1) == [key_id("agent-b"), key_id("agent-c")]
-    closed = sorted(key_id(name) for name in ("agent-a", "agent-b", "agent-c"))
-    assert ids(sort="key") == [key_id("agent-loop"), *closed]
+    assert ids(sort="rate", limit=2, offset=1) == [key_id("agent-b"), key_id("agent-c")]
     with pytest.raises(ConfigurationError, match="sort must be one of"):
         panel.keys(sort="cost")
     with pytest.raises(ConfigurationError, match="state must be"):
         panel.keys(state="tripped")  # type: ignore[arg-type]
 
 
-def test_a_listing_reads_at_most_max_scan_keys_and_says_so(memory_fuse: Fuse) -> None:
-    spend(memory_fuse, {f"agent-{n}": 10 + n for n in range(30)})
-    listing = Panel(memory_fuse, max_scan=12).keys(limit=100)
-    assert (len(listing.keys), listing.scanned, listing.total, listing.complete) == (
-        12, 12, 12, False,
-    )  # fmt: skip
-
-
-def test_the_bucket_shows_how_full_it_is(fuse: Fuse) -> None:
-    for _ in range(10):
-        fuse.admit("caller-1")
-    [view] = Panel(fuse).keys().keys
-    assert (view.bucket_capacity, view.bucket_rate) == (BUCKET.capacity, BUCKET.rate)
-    assert view.bucket_level is not None and 40 <= view.bucket_level < 41  # refills meanwhile
-    assert view.bucket_fill == pytest.approx(view.bucket_level / 50)
-
-
-async def test_a_key_in_detail(memory_fuse: Fuse, clock: Clock) -> None:
+def test_a_key_in_detail(memory_fuse: Fuse, clock: Clock) -> None:
     memory_fuse.record("agent-7", 300)
     clock.advance(10)
     memory_fuse.record("agent-7", 900)  # 1,200 in the window: trips
     clock.advance(5)
 
-    detail = await Panel(memory_fuse).adetail(key_id("agent-7"))
+    detail = Panel(memory_fuse).detail(key_id("agent-7"))
 
-    assert (detail.key.label, detail.key.open, detail.key.rate) == ("agent-7", True, 1_200)
+    assert (detail.key.label, detail.key.state, detail.key.status.rate) == (
+        "agent-7", "open", 1_200,
+    )  # fmt: skip
     assert (detail.trip_reason, detail.last_trip, detail.strikes) == (
         "manual_ceiling", clock.now - 5, 1,
     )  # fmt: skip
@@ -113,11 +103,11 @@ async def test_a_key_in_detail(memory_fuse: Fuse, clock: Clock) -> None:
 
 
 def test_the_detail_of_an_unknown_key_is_not_found(fuse: Fuse) -> None:
-    with pytest.raises(KeyNotFound, match="holds nothing"):
+    with pytest.raises(KeyNotFound):
         Panel(fuse).detail("agent-never-seen")
 
 
-# -- finding a key -------------------------------------------------------------------------------
+# -- the key a page names ------------------------------------------------------------------------
 
 
 def names_sharing_an_id_start(length: int = 4) -> tuple[str, str]:
@@ -132,42 +122,37 @@ def names_sharing_an_id_start(length: int = 4) -> tuple[str, str]:
     raise AssertionError("unreachable")
 
 
-def test_a_key_is_found_by_its_id_or_the_start_of_it(fuse: Fuse) -> None:
+def test_a_key_is_named_by_its_id_its_start_or_its_name(fuse: Fuse) -> None:
     spend(fuse, {"agent-1": 10, "agent-2": 10})
     panel = Panel(fuse)
-    wanted = Identity.named("agent-1")
-
-    assert panel.resolve(wanted.key_id).key == wanted.key
-    assert panel.resolve(wanted.key_id[:5]).key == wanted.key
-    assert panel.resolve(wanted.key_id, by="id").key == wanted.key
-    assert panel.resolve("agent-1") == wanted  # a name
-    assert panel.resolve("agent-new") == Identity.named("agent-new")  # a name, new or not
+    wanted = key_id("agent-1")
+    assert panel.detail(wanted).key.key_id == wanted
+    assert panel.detail(wanted[:5]).key.key_id == wanted
+    assert panel.detail(wanted, by="id").key.key_id == wanted
+    assert panel.detail("agent-1").key.key_id == wanted
+    assert panel.detail("agent-1", by="name").key.key_id == wanted
 
 
 def test_an_id_start_shared_by_two_keys_is_refused(fuse: Fuse) -> None:
     first, second = names_sharing_an_id_start()
     spend(fuse, {first: 10, second: 10})
-    with pytest.raises(AmbiguousKey, match=r"starts 2 keys.*give more of it"):
-        Panel(fuse).resolve(key_id(first)[:4])
-    assert Panel(fuse).resolve(key_id(first)).key == Identity.named(first).key
+    with pytest.raises(AmbiguousKey, match="give more of it"):
+        Panel(fuse).detail(key_id(first)[:4])
 
 
 def test_a_string_both_an_id_and_a_name_is_refused_until_told_which(fuse: Fuse) -> None:
-    name = "agent-1"
-    start = key_id(name)[:6]  # hex: also a name, once it has state
-    spend(fuse, {name: 10, start: 10})
+    start = key_id("agent-1")[:6]  # hex: also a name, once it has state
+    spend(fuse, {"agent-1": 10, start: 10})
     panel = Panel(fuse)
-    with pytest.raises(AmbiguousKey, match=r"both a key id and a name.*by='id' or by='name'"):
-        panel.resolve(start)
-    assert panel.resolve(start, by="id").key == Identity.named(name).key
-    assert panel.resolve(start, by="name") == Identity.named(start)
+    with pytest.raises(AmbiguousKey, match="both a key id and a name"):
+        panel.detail(start)
+    assert panel.detail(start, by="id").key.key_id == key_id("agent-1")
+    assert panel.detail(start, by="name").key.key_id == key_id(start)
 
 
-def test_an_unknown_id_says_how_to_address_a_new_name(fuse: Fuse) -> None:
-    with pytest.raises(KeyNotFound, match="has the id 'abcdef'; to address a new name"):
-        Panel(fuse).resolve("abcdef")
-    with pytest.raises(ConfigurationError, match="no key id"):
-        Panel(fuse).resolve("agent-1", by="id")
+def test_a_credential_is_never_taken_for_a_name(fuse: Fuse) -> None:
+    with pytest.raises(AmbiguousKey, match="looks like a credential"):
+        Panel(fuse).reset("sk-proj-0123456789abcdef0123")
 
 
 # -- live changes --------------------------------------------------------------------------------
@@ -178,8 +163,8 @@ def test_reset_and_limits_by_key_id(fuse: Fuse) -> None:
     panel = Panel(fuse)
     loop = key_id("agent-loop")
 
-    assert panel.reset(loop).label == "agent-loop"
-    assert not fuse.status("agent-loop").open_until
+    assert panel.reset(loop).state != "open"
+    assert fuse.gate("agent-loop").allowed
     panel.set_limit(loop, "50k/min")
     assert fuse.status("agent-loop").limit == 50_000
     panel.set_bucket(loop, rate="600/min", capacity=20)
@@ -204,7 +189,7 @@ def test_forgive_needs_detection_v2(fuse: Fuse) -> None:
     if hasattr(Fuse, "forgive"):
         pytest.skip("this tokenfuse has Fuse.forgive: the admin app calls it")
     spend(fuse, {"agent-loop": 1_200})
-    with pytest.raises(NotSupported, match="reset the key instead"):
+    with pytest.raises(NotAvailable, match="reset"):
         Panel(fuse).forgive(key_id("agent-loop"))
 
 
@@ -214,14 +199,25 @@ def test_another_process_sees_the_trip_the_label_and_the_reset(
 ) -> None:
     redis_fuse.record(Identity.secret("sk-proj-00000000000000009c21"), 5_000)
     [view] = Panel(other_process).keys().keys
-    assert (view.open, view.label) == (True, "sk-…9c21")
+    assert (view.state, view.label) == ("open", "sk-…9c21")
 
     Panel(other_process).reset(view.key_id)
 
-    assert not Panel(redis_fuse).keys().keys[0].open
+    assert Panel(redis_fuse).keys().keys[0].state != "open"
     detail = Panel(redis_fuse).detail(view.key_id)
     assert [event.kind for event in detail.events] == ["tripped", "reset"]
     assert detail.key.label == "sk-…9c21"
+
+
+@pytest.mark.redis
+def test_a_label_outlasts_the_recent_events(redis_fuse: Fuse, other_process: Fuse) -> None:
+    """Labels are kept with the store's TTL, not only in the stream's latest events."""
+    redis_fuse.store.events.maxlen = 1  # type: ignore[attr-defined]
+    redis_fuse.set_limit("agent-early", "5k/min")  # teaches the label
+    for n in range(300):
+        redis_fuse.reset(f"agent-{n}")  # the stream forgets the early event
+    early = Panel(other_process).detail(key_id("agent-early"))
+    assert early.key.label == "agent-early"
 
 
 # -- the per-minute history ----------------------------------------------------------------------
@@ -256,12 +252,13 @@ def cluster_fuse(cluster_url: str) -> Iterator[tuple[Fuse, str]]:
 
 
 @pytest.mark.cluster
-async def test_a_cluster_lists_and_finds_the_keys_of_every_primary(
+def test_a_cluster_lists_and_finds_the_keys_of_every_primary(
     cluster_fuse: tuple[Fuse, str], cluster_url: str
 ) -> None:
     fuse, prefix = cluster_fuse
     names = [f"agent-{n}" for n in range(30)]
     spend(fuse, dict.fromkeys(names, 10.0))
+    fuse.record("agent-loop", 5_000)
     raw = redis.cluster.RedisCluster.from_url(cluster_url)
     owners = {
         raw.get_node_from_key(f"{prefix}:{{default:{Identity.named(n).key}}}").name for n in names
@@ -270,10 +267,12 @@ async def test_a_cluster_lists_and_finds_the_keys_of_every_primary(
     raw.close()
 
     panel = Panel(fuse)
-    listed = await panel.akeys(limit=100)
-    assert sorted(view.key_id for view in listed.keys) == sorted(key_id(n) for n in names)
-    assert (await panel.aresolve(key_id("agent-17"))).key == Identity.named("agent-17").key
-    await fuse.store.aclose()  # type: ignore[attr-defined]
+    listed = panel.keys(limit=100)
+    assert sorted(view.key_id for view in listed.keys) == sorted(
+        key_id(n) for n in [*names, "agent-loop"]
+    )
+    assert (listed.keys[0].key_id, listed.keys[0].label) == (key_id("agent-loop"), "agent-loop")
+    assert panel.detail(key_id("agent-17")).key.status.rate == 10.0
 
 
 def test_a_fuse_on_a_store_without_a_log_gets_one() -> None:

@@ -76,7 +76,7 @@ def test_the_stream_pushes_a_trip_from_another_process(server: Server) -> None:
             if name == "keys" and "tripped" not in seen:
                 keys = data["keys"]
                 assert isinstance(keys, list)
-                assert all(key["key_id"] != looping or not key["open"] for key in keys)
+                assert all(key["key_id"] != looping or key["state"] != "open" for key in keys)
                 # Trip it now, in this process: a decision the server knows nothing of.
                 fuse.admit("agent-loop", amount=150_000)  # over the cold-start ceiling
                 seen.append("tripped")
@@ -85,7 +85,7 @@ def test_the_stream_pushes_a_trip_from_another_process(server: Server) -> None:
             elif name == "keys" and "fuse" in seen:
                 keys = data["keys"]
                 assert isinstance(keys, list)
-                assert (keys[0]["key_id"], keys[0]["open"]) == (looping, True)  # open first
+                assert (keys[0]["key_id"], keys[0]["state"]) == (looping, "open")  # open first
                 break
             assert len(seen) < 50, seen
     assert seen.count("keys") >= 2

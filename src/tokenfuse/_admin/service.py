@@ -20,8 +20,9 @@ from .._core.velocity import VelocityPolicy
 from .._errors import ConfigurationError, TokenFuseError
 from .._events import FuseEvent
 from .._fuse import Fuse
-from .._identity import Identity
+from .._identity import KEY_ID_LENGTH, Identity
 from .._stores.base import sync_face
+from .._stores.event_log import EventLog
 from .._stores.ops import UNSET, ListKeys, Unset
 from .feed import EventFeed, feed_for
 from .refs import AmbiguousKey, KeyNotFound, KeyRef, looks_like_key_id
@@ -97,6 +98,10 @@ class Admin:
             raise ConfigurationError(f"{chosen.store!r} is async-only: Admin needs a sync store")
         page = store.run(op)
         labels = self.labels()
+        log = getattr(chosen.store, "events", None)
+        if isinstance(log, EventLog) and page.statuses:  # labels the store keeps, with its TTL
+            key_ids = [status.key.partition(":")[2][:KEY_ID_LENGTH] for status in page.statuses]
+            labels.update(log.labels(chosen.name, key_ids))
         views = [_view(chosen, status, labels) for status in page.statuses]
         return views, page.cursor
 
@@ -249,9 +254,8 @@ class Admin:
     def _by_key_id(self, ref: KeyRef, fuses: Iterable[Fuse]) -> list[_Target]:
         if not looks_like_key_id(ref.text):
             return []
-        labels = self.labels()
-        return [
-            _Target(chosen, Identity(key=view.digest, label=labels.get(view.key_id, view.key_id)))
+        return [  # a listed view has the label the events and the store's log know
+            _Target(chosen, Identity(key=view.digest, label=view.label or view.key_id))
             for chosen in fuses
             for view in self._every(chosen.name, ref.text)
         ]

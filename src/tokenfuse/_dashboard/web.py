@@ -5,8 +5,8 @@ Endpoints (every ``/api`` one needs the bearer token, ``auth``):
 ==========================================  ====================================================
 ``GET  /``                                  the dashboard page (static; asks for the token)
 ``GET  /api/info``                          the fuse, its policies, what the page can do
-``GET  /api/keys``                          keys, open first: ``state``, ``sort``, ``q``,
-                                            ``limit``, ``offset``
+``GET  /api/keys``                          keys, open first: ``state`` (open, near, ok,
+                                            idle), ``sort``, ``q``, ``limit``, ``offset``
 ``GET  /api/keys/{ref}``                    one key: window, per-minute history, events
 ``POST /api/keys/{ref}/reset``              close it now
 ``POST /api/keys/{ref}/forgive``            ``Fuse.forgive`` (501 where it does not exist)
@@ -20,9 +20,9 @@ Endpoints (every ``/api`` one needs the bearer token, ``auth``):
 ``GET  /metrics``                           Prometheus, when ``prometheus_client`` is installed
 ==========================================  ====================================================
 
-``{ref}`` is a key id (or a unique prefix of one) or a name; ``?by=id`` or ``?by=name`` says
-which when it could be both. A raw credential is never put in a URL: ``/api/lookup`` takes it
-in the body and answers with the id.
+``{ref}`` is a key id (or a unique start of one) or a name, read as the CLI reads a ``KEY``
+(``tokenfuse.admin.KeyRef``); ``?by=id`` or ``?by=name`` says which when it could be both. A
+raw credential is never put in a URL: ``/api/lookup`` takes it in the body.
 """
 
 from __future__ import annotations
@@ -42,14 +42,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._admin.refs import AmbiguousKey, KeyNotFound, KeyRef
+from .._admin.service import NotAvailable
+from .._core.velocity import VelocityPolicy
 from .._errors import ConfigurationError, StoreUnavailable, TokenFuseError
 from .._fuse import Fuse
-from .._identity import Identity
 from .._stores.event_log import LoggedEvent
 from .._stores.ops import UNSET
 from .auth import Gatekeeper
 from .history import MinuteHistory
-from .service import AmbiguousKey, KeyNotFound, Listing, NotSupported, Panel
+from .service import SORTS, Listing, Panel
 
 __all__ = ["app"]
 
@@ -76,7 +78,7 @@ _STATUS = {
     ConfigurationError: 400,
     KeyNotFound: 404,
     AmbiguousKey: 409,
-    NotSupported: 501,
+    NotAvailable: 501,
     StoreUnavailable: 503,
 }
 
@@ -130,23 +132,23 @@ class _Api:
         self._snapshots: dict[tuple[Any, ...], tuple[float, Listing]] = {}
         self._snapshot_lock = asyncio.Lock()
 
-    async def _call(
-        self,
-        sync: Callable[..., T],
-        asynchronous: Callable[..., Awaitable[T]],
-        *args: Any,
-        **kw: Any,
-    ) -> T:
-        """The asyncio method when the fuse's store has that face, else the sync one in a
-        worker thread (a store built on a sync client only)."""
-        if self.fuse.has_async:
-            return await asynchronous(*args, **kw)
+    async def _call(self, sync: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """``Panel`` (and ``Admin`` under it) is sync: run it in a worker thread."""
         return await run_in_threadpool(sync, *args, **kw)
+
+    async def _log(
+        self, sync: Callable[..., T], asynchronous: Callable[..., Awaitable[T]], *args: Any
+    ) -> T:
+        """The event log's asyncio method when the store has that face (a blocking read waits
+        on the server, not in a thread), else the sync one in a worker thread."""
+        if self.fuse.has_async:
+            return await asynchronous(*args)
+        return await run_in_threadpool(sync, *args)
 
     # -- reads ----------------------------------------------------------------------------------
 
     async def info(self, request: Request) -> Response:
-        velocity, bucket = self.panel.velocity, self.fuse.bucket
+        velocity, bucket = self.fuse.velocity or VelocityPolicy(), self.fuse.bucket
         return _json(
             {
                 "fuse": self.fuse.name,
@@ -154,6 +156,7 @@ class _Api:
                 "unit": velocity.unit,
                 "refresh": self.refresh,
                 "forgive": hasattr(self.fuse, "forgive"),
+                "sorts": list(SORTS),
                 "velocity": {
                     "limit": velocity.limit,
                     "spike_multiple": velocity.spike_multiple,
@@ -171,7 +174,7 @@ class _Api:
         query = request.query_params
         return {
             "state": query.get("state", "all"),
-            "sort": query.get("sort", "rate"),
+            "sort": query.get("sort", "state"),
             "search": query.get("q", "")[:100],
             "limit": min(_integer(query.get("limit"), 50), 500),
             "offset": _integer(query.get("offset"), 0),
@@ -179,57 +182,52 @@ class _Api:
 
     async def keys(self, request: Request) -> Response:
         options = self._listing_options(request)
-        listing = await self._call(self.panel.keys, self.panel.akeys, **options)
+        listing = await self._call(self.panel.keys, **options)
         return _json(listing.to_json())
 
     async def detail(self, request: Request) -> Response:
         ref, by = _ref(request)
-        detail = await self._call(self.panel.detail, self.panel.adetail, ref, by=by)
+        detail = await self._call(self.panel.detail, ref, by=by)
         return _json(detail.to_json())
 
     async def events(self, request: Request) -> Response:
         count = min(_integer(request.query_params.get("count"), 50), 1_000)
-        events = await self._call(self.panel.recent_events, self.panel.arecent_events, count)
+        log = self.panel.events
+        events = await self._log(log.recent, log.arecent, count)
         return _json({"events": [event.to_json() for event in events]})
 
     async def lookup(self, request: Request) -> Response:
-        body = await _body(request)
-        identity = _identity_of(body)
-        if identity is None:
-            raise ConfigurationError('send {"name": ...}, {"secret": ...} or {"id": ...}')
-        if isinstance(identity, str):
-            identity = await self._call(self.panel.resolve, self.panel.aresolve, identity, by="id")
+        ref = _ref_of(await _body(request))
         try:
-            detail = await self._call(self.panel.detail, self.panel.adetail, identity)
+            detail = await self._call(self.panel.detail, ref)
         except KeyNotFound:
-            return _json({"key_id": identity.key_id, "label": identity.label, "exists": False})
-        return _json({"key_id": identity.key_id, "label": detail.key.label, "exists": True})
+            key_id = ref.identity().key_id if ref.kind != "id" else None
+            return _json({"key_id": key_id, "label": None, "exists": False})
+        return _json({"key_id": detail.key.key_id, "label": detail.key.label, "exists": True})
 
     # -- changes --------------------------------------------------------------------------------
 
-    async def _changed(self, identity: Identity, what: str) -> Response:
+    async def _changed(self, key_id: str, what: str) -> Response:
         self._snapshots.clear()  # the next snapshot shows the change
-        return _json({"ok": True, "key_id": identity.key_id, "done": what})
+        return _json({"ok": True, "key_id": key_id, "done": what})
 
     async def reset(self, request: Request) -> Response:
         ref, by = _ref(request)
-        identity = await self._call(self.panel.reset, self.panel.areset, ref, by=by)
-        return await self._changed(identity, "reset")
+        view = await self._call(self.panel.reset, ref, by=by)
+        return await self._changed(view.key_id, "reset")
 
     async def forgive(self, request: Request) -> Response:
         ref, by = _ref(request)
-        identity = await self._call(self.panel.forgive, self.panel.aforgive, ref, by=by)
-        return await self._changed(identity, "forgive")
+        view = await self._call(self.panel.forgive, ref, by=by)
+        return await self._changed(view.key_id, "forgive")
 
     async def limit(self, request: Request) -> Response:
         ref, by = _ref(request)
         body = await _body(request)
         if "limit" not in body:
             raise ConfigurationError('send {"limit": "50k/min"} (null clears the limit)')
-        limit = _setting(body["limit"])
-        panel = self.panel
-        identity = await self._call(panel.set_limit, panel.aset_limit, ref, limit, by=by)
-        return await self._changed(identity, "limit")
+        view = await self._call(self.panel.set_limit, ref, _setting(body["limit"]), by=by)
+        return await self._changed(view.key_id, "limit")
 
     async def bucket(self, request: Request) -> Response:
         ref, by = _ref(request)
@@ -241,9 +239,8 @@ class _Api:
         if isinstance(capacity, str):
             capacity = _float(capacity, "capacity")
         settings = {"rate": rate, "capacity": capacity, "by": by}
-        panel = self.panel
-        identity = await self._call(panel.set_bucket, panel.aset_bucket, ref, **settings)
-        return await self._changed(identity, "bucket")
+        view = await self._call(self.panel.set_bucket, ref, **settings)
+        return await self._changed(view.key_id, "bucket")
 
     # -- the live stream --------------------------------------------------------------------
 
@@ -256,7 +253,7 @@ class _Api:
             cached = self._snapshots.get(wanted)
             if cached is not None and loop.time() - cached[0] < self.refresh / 2:
                 return cached[1]
-            listing = await self._call(self.panel.keys, self.panel.akeys, **options)
+            listing = await self._call(self.panel.keys, **options)
             if len(self._snapshots) > 32:
                 self._snapshots.clear()
             self._snapshots[wanted] = (loop.time(), listing)
@@ -276,7 +273,7 @@ class _Api:
         loop = asyncio.get_running_loop()
         log = self.panel.events
         ends = loop.time() + self.stream_seconds
-        recent = await self._call(log.recent, log.arecent, 50)
+        recent = await self._log(log.recent, log.arecent, 50)
         last = recent[-1].id if recent else ""
         yield f"retry: {int(self.refresh * 1000)}\n\n"
         for event in recent:
@@ -289,7 +286,7 @@ class _Api:
             next_snapshot = loop.time() + self.refresh
             while (wait := next_snapshot - loop.time()) > 0:
                 try:
-                    new: list[LoggedEvent] = await self._call(log.read, log.aread, last, 100, wait)
+                    new: list[LoggedEvent] = await self._log(log.read, log.aread, last, 100, wait)
                 except StoreUnavailable as exc:
                     yield _sse("problem", {"error": str(exc)})
                     await asyncio.sleep(wait)
@@ -367,15 +364,14 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _identity_of(body: dict[str, Any]) -> Identity | str | None:
-    """The identity a lookup names: a name, a raw credential (hashed at once, never kept),
-    or a key id (returned as text, to resolve)."""
-    for field, make in (("name", Identity.named), ("secret", Identity.secret)):
+def _ref_of(body: dict[str, Any]) -> KeyRef:
+    """The key a lookup names: a name, a raw credential (hashed at once, never kept or shown),
+    or a key id."""
+    for field, make in (("name", KeyRef.name), ("secret", KeyRef.secret), ("id", KeyRef.key_id)):
         value = body.get(field)
         if isinstance(value, str) and value:
             return make(value)
-    value = body.get("id")
-    return value if isinstance(value, str) and value else None
+    raise ConfigurationError('send {"name": ...}, {"secret": ...} or {"id": ...}')
 
 
 async def _error(request: Request, exc: Exception) -> Response:
@@ -389,7 +385,6 @@ def app(
     token: str | None = None,
     allow_no_token_on_loopback: bool = False,
     refresh: float = 2.0,
-    max_scan: int = 10_000,
     allowed_origins: Iterable[str] = (),
     stream_seconds: float = STREAM_SECONDS,
 ) -> ASGIApp:
@@ -401,7 +396,6 @@ def app(
         token: the bearer token every API request must carry (16 characters at least).
         allow_no_token_on_loopback: serve without a token, to loopback clients only.
         refresh: seconds between two key tables pushed to an open page.
-        max_scan: the most keys one listing reads.
         allowed_origins: origins besides the app's own that may call it (a page served
             behind a proxy under another name).
         stream_seconds: how long one event stream lasts before the page reconnects.
@@ -416,7 +410,7 @@ def app(
     )
     if not (math.isfinite(refresh) and refresh > 0):
         raise ConfigurationError("refresh must be a positive number of seconds")
-    panel = Panel(fuse, max_scan=max_scan, history=MinuteHistory(max_keys=max_scan))
+    panel = Panel(fuse, history=MinuteHistory())
     api = _Api(fuse, panel, refresh, stream_seconds)
     routes: list[BaseRoute] = [
         Route("/", api.page),

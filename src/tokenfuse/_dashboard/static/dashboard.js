@@ -82,17 +82,25 @@
     return cell;
   }
 
+  // What is left in the key's bucket (0..1); a bucket not used yet is full. null: none.
+  function bucketFill(key) {
+    if (key.bucket_capacity === null) return null;
+    return key.bucket_level === null ? 1 : key.bucket_level / key.bucket_capacity;
+  }
+
   function bucketCell(key) {
     const cell = element("td", null, "bucket");
-    if (key.bucket_fill === null) {
+    const left = bucketFill(key);
+    if (left === null) {
       cell.textContent = "—";
       return cell;
     }
+    const level = key.bucket_level === null ? key.bucket_capacity : key.bucket_level;
     const bar = element("span", null, "bar");
-    const fill = element("span", null, key.bucket_fill < 0.2 ? "fill low" : "fill");
-    fill.style.width = Math.round(Math.max(0, Math.min(1, key.bucket_fill)) * 100) + "%";
+    const fill = element("span", null, left < 0.2 ? "fill low" : "fill");
+    fill.style.width = Math.round(Math.max(0, Math.min(1, left)) * 100) + "%";
     bar.append(fill);
-    cell.append(bar, element("span", `${number(key.bucket_level)} / ${number(key.bucket_capacity)}`, "muted"));
+    cell.append(bar, element("span", `${number(level)} / ${number(key.bucket_capacity)}`, "muted"));
     return cell;
   }
 
@@ -111,11 +119,16 @@
   }
 
   function row(key) {
-    const tr = element("tr", null, key.open ? "open" : "");
+    const tr = element("tr", null, key.state);
     tr.dataset.keyId = key.key_id;
     if (key.key_id === state.selected) tr.classList.add("selected");
-    const badge = element("span", key.open ? "open" : "closed", "state " + (key.open ? "open" : "closed"));
-    if (key.open) badge.title = `${key.trip_reason || "tripped"}: closes in ${number(key.retry_after, 0)} s`;
+    const badge = element("span", key.state, "state " + key.state);
+    badge.title = {
+      open: `tripped: refusing every call until ${key.open_until ? clock(key.open_until) : "it is reset"}`,
+      near: "close to its threshold, or its bucket nearly empty",
+      ok: "spending, within its limits",
+      idle: "nothing in the last minute",
+    }[key.state] || "";
     const stateCell = element("td");
     stateCell.append(badge);
     const actions = element("td", null, "actions");
@@ -149,9 +162,8 @@
       empty.colSpan = 9;
       body.append(element("tr")).append(empty);
     }
-    const open = listing.keys.filter((key) => key.open).length;
-    const partial = listing.complete ? "" : ` (first ${listing.scanned} read)`;
-    $("summary").textContent = `${listing.total} keys${partial}, ${open} open · ${clock(listing.at)}`;
+    const open = listing.keys.filter((key) => key.state === "open").length;
+    $("summary").textContent = `${listing.total} keys, ${open} open · ${clock(listing.at)}`;
   }
 
   // -- one key --------------------------------------------------------------------------------
@@ -221,7 +233,7 @@
     $("detail-title").textContent = `${key.label || "(label unknown)"} · ${key.key_id}`;
     const reason = detail.trip_reason ? detail.trip_reason.replace(/_/g, " ") : "tripped";
     facts($("detail-facts"), [
-      ["State", key.open ? `open until ${clock(key.open_until)} (${reason})` : "closed"],
+      ["State", key.state === "open" ? `open until ${clock(key.open_until)} (${reason})` : key.state],
       ["Rate", `${number(key.rate)} ${key.unit}/min`],
       ["Baseline", key.baseline === null ? `learning (${number(key.learned_baseline)} so far, ${key.samples} minutes)` : number(key.baseline)],
       ["Threshold", number(key.threshold)],
