@@ -161,7 +161,7 @@ def test_shadow_mode_decides_and_reports_but_never_refuses(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("tokenfuse._middleware.throttle.monotonic", lambda: 1000.0)  # log throttle
+    monkeypatch.setattr("tokenfuse._throttle.monotonic", lambda: 1000.0)  # log throttle
     call = serve(fuse=make_fuse(), shadow=True)
     burst(call, 50)
 

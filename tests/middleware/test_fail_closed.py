@@ -21,8 +21,8 @@ AUTH = {"Authorization": "Bearer sk-test-closed-0001"}
 def test_the_503_body_names_no_server_and_the_log_does(
     serve: Callable[..., Call], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tokenfuse import _throttle as throttle
     from tokenfuse._middleware import reply as reply_module
-    from tokenfuse._middleware import throttle
     from tokenfuse._stores.redis import RedisStore
 
     # The log throttle is per process: start this test with a fresh one.

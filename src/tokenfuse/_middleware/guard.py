@@ -17,13 +17,13 @@ from .._errors import ConfigurationError, FuseTripped, StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
 from .._settings import current as current_settings
+from .._throttle import Throttle
 from .defaults import default_inbound_fuse
 from .identify import ANONYMOUS, bearer_or_api_key
 from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tiers_rule
 from .reply import Headers, Reply, delay_seconds, rate_limit_headers, refused
 from .report import DECISION_KEY, REPORT_KEY, Report
 from .request import RequestView
-from .throttle import Throttle
 
 __all__ = ["InboundGuard", "Outcome", "Plan"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .._errors import FuseTripped, StoreUnavailable
-from .throttle import Throttle
+from .._throttle import Throttle
 
 __all__ = [
     "Headers",

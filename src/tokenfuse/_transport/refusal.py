@@ -23,11 +23,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .._errors import FuseTripped, reduce_as
+from .._events import logger
 from .._fuse import Decision
+from .._throttle import Throttle
 
-__all__ = ["find_refusal", "for_sdks", "raise_if_refused", "unwrap_refusals"]
+__all__ = ["Gatekeeper", "find_refusal", "for_sdks", "raise_if_refused", "unwrap_refusals"]
 
 # (module, exception base): SDKs that pass their own errors through and wrap all others.
 _PASS_THROUGH = (("anthropic", "AnthropicError"),)
@@ -114,3 +117,29 @@ def unwrap_refusals() -> Iterator[None]:
         if refusal is None:
             raise
         raise refusal from None
+
+
+class Gatekeeper:
+    """What a transport does with its gate's decision: raise the refusal, or in shadow mode
+    (``shadow=True``, or ``TOKENFUSE_SHADOW``) let the call go and log what it would have done."""
+
+    __slots__ = ("_log", "shadow")
+
+    def __init__(self, shadow: bool | None) -> None:
+        from .._settings import current
+
+        self.shadow = current().shadow if shadow is None else bool(shadow)
+        self._log = Throttle(1.0)
+
+    def check(self, gate: Decision, request: Any) -> None:
+        if gate.allowed or gate.error is None:
+            return
+        if not self.shadow:
+            raise_if_refused(gate)
+        held = self._log.take()
+        if held is not None:
+            logger.warning(
+                "tokenfuse shadow mode, would refuse %s %s: %s (%s)%s",
+                request.method, request.url, gate.error.reason, gate.error,
+                f"; {held} more held back" if held else "",
+            )  # fmt: skip

@@ -2,12 +2,12 @@
 
 One call goes through five steps, each in one place: **identify** the key it spends for
 (``identity.KeyResolver``), **gate** it (``Fuse.gate``; a refusal raises before a byte leaves
-the process, ``refusal.raise_if_refused``), **send** it (the inner transport), **meter** the
-response (``meter.Metering``: the usage side picks its reader, the report goes in its
-extensions) and **settle** the usage (``_settle``: the amount is recorded once the body is read,
-at once or when a stream ends or closes). So a call costs at most two store round trips, and a
-call whose usage trips the key still returns its (already paid for) response. Responses that
-carry no countable usage skip the record.
+the process, or in shadow mode is only logged: ``refusal.Gatekeeper``), **send** it (the inner
+transport), **meter** the response (``meter.Metering``: the usage side picks its reader, the
+report goes in its extensions) and **settle** the usage (``_settle``: the amount is recorded
+once the body is read, at once or when a stream ends or closes). So a call costs at most two
+store round trips, and a call whose usage trips the key still returns its (already paid for)
+response. Responses that carry no countable usage skip the record.
 
 Both classes work inside ``httpx`` 0.28 and ``httpx2`` 2.x clients: the library is taken from
 the request, and its default transport is built on first use when no ``inner`` is given.
@@ -27,7 +27,7 @@ from .._usage import ExtractorRegistry
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .meter import Meter, Metering
-from .refusal import raise_if_refused
+from .refusal import Gatekeeper
 from .stream import async_stream_type, sync_stream_type
 
 __all__ = ["AsyncFuseTransport", "FuseTransport"]
@@ -104,6 +104,9 @@ class FuseTransport(_SyncBase):
             whatever was registered on ``tokenfuse``'s default registry).
         estimate: for streams that carry no usage, record an estimate from the generated text
             (flagged ``usage.estimated``) instead of leaving the amount unknown.
+        shadow: decide, count and report, but never refuse: a call the gate would refuse is
+            sent anyway and logged (at most a line a second), as the middleware's shadow mode
+            does. Default: ``TOKENFUSE_SHADOW`` (off).
 
     Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``); the
     report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
@@ -117,10 +120,12 @@ class FuseTransport(_SyncBase):
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
+        shadow: bool | None = None,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
         self._metering = Metering(registry, estimate)
+        self._gate = Gatekeeper(shadow)
         self._inner = inner
         self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
@@ -140,7 +145,7 @@ class FuseTransport(_SyncBase):
         flavor = flavor_of(request)
         identity = self._identify(request)
         gate = self.fuse.gate(identity)
-        raise_if_refused(gate)
+        self._gate.check(gate, request)
         response = self._inner_for(flavor).handle_request(request)
         meter = self._metering.start(request, response, identity, gate)
         if meter.streaming:
@@ -193,10 +198,12 @@ class AsyncFuseTransport(_AsyncBase):
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
         estimate: bool = False,
+        shadow: bool | None = None,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
         self._metering = Metering(registry, estimate)
+        self._gate = Gatekeeper(shadow)
         self._inner = inner
         self._made: dict[str, _AsyncInnerTransport] = {}
 
@@ -215,7 +222,7 @@ class AsyncFuseTransport(_AsyncBase):
         flavor = flavor_of(request)
         identity = self._identify(request)
         gate = await self.fuse.agate(identity)
-        raise_if_refused(gate)
+        self._gate.check(gate, request)
         response = await self._inner_for(flavor).handle_async_request(request)
         meter = self._metering.start(request, response, identity, gate)
         if meter.streaming:

@@ -1,4 +1,4 @@
-"""Inbound: at most one log line a second for what would otherwise be logged per request."""
+"""Both sides: at most one log line a second for what would otherwise be logged per call."""
 
 from __future__ import annotations
 
