@@ -3,12 +3,16 @@ memory with a simulated clock, and an HTTP client for the admin app."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+import redis
 
 from tests.conftest import Clock
+from tests.middleware.servers import free_port, running
+from tests.stores.conftest import delete_prefix
 from tokenfuse import BucketPolicy, Fuse, MemoryStore, VelocityPolicy
 from tokenfuse._stores.redis import RedisStore
 
@@ -60,3 +64,25 @@ async def api(redis_fuse: Fuse) -> AsyncIterator[httpx.AsyncClient]:
     app = tokenfuse.admin.app(redis_fuse, token=TOKEN)
     async with asgi_client(app, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         yield client
+
+
+SERVER_TOKEN = "server-admin-token-0123456789"
+
+
+@pytest.fixture
+def admin_server(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The URL of a uvicorn process serving ``tests.admin.admin_server``'s app on a prefix of
+    its own; this process's environment names the same Redis and prefix, so
+    ``admin_server.fuse()`` here decides on the keys the server shows."""
+    prefix = f"tf-web-{uuid.uuid4().hex[:8]}"
+    env = {"ADMIN_REDIS_URL": redis_url, "ADMIN_PREFIX": prefix, "ADMIN_TOKEN": SERVER_TOKEN}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    port = free_port()
+    args = ["-m", "uvicorn", "tests.admin.admin_server:app", "--port", str(port)]
+    try:
+        with running([*args, "--log-level", "warning"], port, env=env):
+            yield f"http://127.0.0.1:{port}"
+    finally:
+        with redis.Redis.from_url(redis_url) as raw:
+            delete_prefix(raw, prefix)

@@ -6,29 +6,27 @@ Keys learn a baseline first: three days of history are recorded on a simulated c
 before the real one, so the table and the chart show real baselines and thresholds.
 
 A screenshot of the tripped key goes to the test's output directory; with
-``TOKENFUSE_DASHBOARD_SCREENSHOT=docs/dashboard.png`` also there (``scripts/dashboard-screenshot``).
+``TOKENFUSE_DASHBOARD_SCREENSHOT=docs/dashboard.png`` also there
+(``scripts/dashboard-screenshot.sh``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.admin import admin_server
-from tests.middleware.servers import ROOT, free_port, running
-from tests.stores.conftest import delete_prefix
+from tests.admin import admin_server as server_module
+from tests.admin.conftest import SERVER_TOKEN
+from tests.middleware.servers import ROOT
 from tokenfuse import Fuse
 from tokenfuse._identity import Identity
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-TOKEN = "browser-admin-token-0123456789"
 CHROMIUM = "/usr/bin/chromium"
 #: Agents, their usual tokens per minute, and whether an operator gave them a limit (whose
 #: event teaches the dashboard their label).
@@ -72,24 +70,8 @@ def learn_history(fuse_of_clock: Fuse, clock: list[float], now: float) -> None:
         fuse_of_clock.admit(name, amount=1)  # rolls the last full minute into the baseline
 
 
-@pytest.fixture
-def server(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    prefix = f"tf-web-{uuid.uuid4().hex[:8]}"
-    env = {"ADMIN_REDIS_URL": redis_url, "ADMIN_PREFIX": prefix, "ADMIN_TOKEN": TOKEN}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    port = free_port()
-    args = ["-m", "uvicorn", "tests.admin.admin_server:app", "--port", str(port)]
-    try:
-        with running([*args, "--log-level", "warning"], port, env=env):
-            yield f"http://127.0.0.1:{port}"
-    finally:
-        with redis.Redis.from_url(redis_url) as raw:
-            delete_prefix(raw, prefix)
-
-
 def test_a_key_trips_in_the_table_and_a_click_resets_it(
-    server: str, redis_url: str, tmp_path: Path
+    admin_server: str, redis_url: str, tmp_path: Path
 ) -> None:
     chromium_or_skip()
     from playwright.sync_api import expect, sync_playwright
@@ -97,8 +79,8 @@ def test_a_key_trips_in_the_table_and_a_click_resets_it(
     with redis.Redis.from_url(redis_url) as raw:
         seconds, micros = raw.time()
     clock = [0.0]
-    learn_history(admin_server.fuse(clock=lambda: clock[0]), clock, seconds + micros / 1e6)
-    fuse = admin_server.fuse()  # the real clock from here on: the server's TIME
+    learn_history(server_module.fuse(clock=lambda: clock[0]), clock, seconds + micros / 1e6)
+    fuse = server_module.fuse()  # the real clock from here on: the server's TIME
     for name, (_, limit) in AGENTS.items():
         if limit:
             fuse.set_limit(name, limit)
@@ -110,7 +92,7 @@ def test_a_key_trips_in_the_table_and_a_click_resets_it(
         browser = playwright.chromium.launch(executable_path=CHROMIUM)
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
         page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-        page.goto(f"{server}/#token={TOKEN}")
+        page.goto(f"{admin_server}/#token={SERVER_TOKEN}")
         row = page.locator(f'tr[data-key-id="{loop_id}"]')
         expect(row.locator(".state")).to_have_text("ok", timeout=15_000)
         assert "token=" not in page.url  # the token left the address bar for sessionStorage

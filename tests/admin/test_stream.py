@@ -7,43 +7,16 @@ same Redis. The stream must push the trip as an event and the key as open in the
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 
-from tests.admin import admin_server
-from tests.middleware.servers import free_port, running
-from tests.stores.conftest import delete_prefix
+from tests.admin import admin_server as server_module
+from tests.admin.conftest import SERVER_TOKEN
 from tokenfuse._identity import Identity
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-
-TOKEN = "stream-admin-token-0123456789"
-
-
-class Server:
-    def __init__(self, url: str, env: dict[str, str]) -> None:
-        self.url = url
-        self.env = env
-
-
-@pytest.fixture
-def server(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    prefix = f"tf-sse-{uuid.uuid4().hex[:8]}"
-    env = {"ADMIN_REDIS_URL": redis_url, "ADMIN_PREFIX": prefix, "ADMIN_TOKEN": TOKEN}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)  # for admin_server.fuse() in this process too
-    port = free_port()
-    args = ["-m", "uvicorn", "tests.admin.admin_server:app", "--port", str(port)]
-    try:
-        with running([*args, "--log-level", "warning"], port, env=env):
-            yield Server(f"http://127.0.0.1:{port}", env)
-    finally:
-        with redis.Redis.from_url(redis_url) as raw:
-            delete_prefix(raw, prefix)
 
 
 def events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
@@ -59,14 +32,14 @@ def events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
             name, data = "message", ""
 
 
-def test_the_stream_pushes_a_trip_from_another_process(server: Server) -> None:
-    fuse = admin_server.fuse()
+def test_the_stream_pushes_a_trip_from_another_process(admin_server: str) -> None:
+    fuse = server_module.fuse()
     fuse.admit("agent-steady", amount=100)
     looping = Identity.named("agent-loop").key_id
-    headers = {"Authorization": f"Bearer {TOKEN}"}
+    headers = {"Authorization": f"Bearer {SERVER_TOKEN}"}
     seen: list[str] = []
     with (
-        httpx.Client(base_url=server.url, timeout=10) as client,
+        httpx.Client(base_url=admin_server, timeout=10) as client,
         client.stream("GET", "/api/stream", headers=headers) as stream,
     ):
         assert stream.status_code == 200
@@ -93,8 +66,8 @@ def test_the_stream_pushes_a_trip_from_another_process(server: Server) -> None:
     store.close()  # type: ignore[attr-defined]
 
 
-def test_the_stream_needs_the_token(server: Server) -> None:
-    answer = httpx.get(f"{server.url}/api/stream", timeout=10)
+def test_the_stream_needs_the_token(admin_server: str) -> None:
+    answer = httpx.get(f"{admin_server}/api/stream", timeout=10)
     assert answer.status_code == 401
-    page = httpx.get(f"{server.url}/", timeout=10)
+    page = httpx.get(f"{admin_server}/", timeout=10)
     assert page.status_code == 200 and "tokenfuse" in page.text

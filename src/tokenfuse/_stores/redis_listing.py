@@ -7,8 +7,9 @@ is bounded however large the database; then one pipelined ``GET`` per node for t
 decoded with the state layout of ``redis_codec`` and viewed through the core
 (``status_of``), as ``ReadStatus`` is.
 
-The walk is written once, as steps (``walk`` yields each command and receives its reply), and
-the sync and asyncio faces only carry the commands out (``run_sync``, ``run_async``).
+The walk is written once, as steps (``walk`` yields each command and receives its reply: a
+plan, ``_plans``), and the sync and asyncio faces only carry the commands out (``run_sync``,
+``run_async``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from .._core.status import status_of
+from .._plans import adrive, drive
 from .ops import KeyPage, ListKeys
 from .redis_codec import states_of
 
@@ -146,16 +148,12 @@ def _primaries(client: Any) -> tuple[list[str | None], dict[str, Any] | None]:
 def run_sync(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
     """One page of ``op``, walked with a sync redis-py client."""
     names, nodes = _primaries(client)
-    steps = walk(op, prefix, names, clock)
-    reply: Any = None
-    while True:
-        try:
-            step = steps.send(reply)
-        except StopIteration as done:
-            page: KeyPage = done.value
-            return page
+
+    def carry_out(step: Step) -> Any:
         call, shape = _command(client, nodes, step)
-        reply = shape(call())
+        return shape(call())
+
+    return drive(walk(op, prefix, names, clock), carry_out)
 
 
 async def run_async(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
@@ -163,13 +161,9 @@ async def run_async(client: Any, op: ListKeys, prefix: str, clock: float | None)
     if hasattr(client, "initialize"):
         await client.initialize()  # an asyncio cluster client learns its nodes on first use
     names, nodes = _primaries(client)
-    steps = walk(op, prefix, names, clock)
-    reply: Any = None
-    while True:
-        try:
-            step = steps.send(reply)
-        except StopIteration as done:
-            page: KeyPage = done.value
-            return page
+
+    async def carry_out(step: Step) -> Any:
         call, shape = _command(client, nodes, step)
-        reply = shape(await call())
+        return shape(await call())
+
+    return await adrive(walk(op, prefix, names, clock), carry_out)
