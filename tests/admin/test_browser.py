@@ -39,19 +39,20 @@ AGENTS = {
 }
 
 
-def chromium_or_skip() -> None:
-    """Skip, with the reason, only where Chromium truly is not there, and never in CI."""
-    missing = []
-    if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
-        missing.append(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+def chromium_or_skip() -> str:
+    """Chromium's path; a skip, with the reason, only where it or Playwright truly is not
+    there, and never in CI (``CI=true``), where .ci/run installs both."""
+    found = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+    missing = [] if found else [f"no Chromium at {CHROMIUM} (apt-get install chromium)"]
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         missing.append("no Playwright for Python (pip install playwright)")
     if missing and os.environ.get("CI"):
         pytest.fail("; ".join(missing) + ": .ci/run installs both")
-    if missing:
+    if missing or found is None:
         pytest.skip("; ".join(missing))
+    return found
 
 
 def learn_history(fuse_of_clock: Fuse, clock: list[float], now: float) -> None:
@@ -73,7 +74,7 @@ def learn_history(fuse_of_clock: Fuse, clock: list[float], now: float) -> None:
 def test_a_key_trips_in_the_table_and_a_click_resets_it(
     admin_server: str, redis_url: str, tmp_path: Path
 ) -> None:
-    chromium_or_skip()
+    chromium = chromium_or_skip()
     from playwright.sync_api import expect, sync_playwright
 
     with redis.Redis.from_url(redis_url) as raw:
@@ -89,7 +90,7 @@ def test_a_key_trips_in_the_table_and_a_click_resets_it(
     dialogs: list[str] = []
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        browser = playwright.chromium.launch(executable_path=chromium)
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
         page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
         page.goto(f"{admin_server}/#token={SERVER_TOKEN}")
