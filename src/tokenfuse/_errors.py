@@ -72,6 +72,8 @@ class FuseTripped(TokenFuseError):
         multiple: ``rate / baseline`` for a spike, ``None`` when not applicable.
         retry_after: seconds until a call from this key can succeed again.
         unit: what is counted (``tokens``, ``calls``, ...).
+        key_id: the identity's non-secret key id, by which an operator addresses it
+            (``tokenfuse reset <key_id>``); None when the refusal was built by hand.
     """
 
     reason: str = "tripped"
@@ -87,8 +89,10 @@ class FuseTripped(TokenFuseError):
         multiple: float | None = None,
         unit: str = "tokens",
         reason: str | None = None,
+        key_id: str | None = None,
     ) -> None:
         self.key = key
+        self.key_id = key_id
         self.rate = rate
         self.limit = limit
         self.retry_after = retry_after
@@ -112,6 +116,7 @@ class FuseTripped(TokenFuseError):
             "type": self.reason,
             "message": str(self),
             "key": self.key,
+            "key_id": self.key_id,
             "unit": self.unit,
             "rate": self.rate,
             "limit": self.limit,

@@ -433,6 +433,7 @@ class Fuse:
             retry_after=max(verdict.retry_after, 0.0),
             unit=self._velocity_for_reads.unit,
             reason=reason,
+            key_id=identity.key_id,
         )
 
     def _admit_decision(self, identity: Identity, verdict: AdmitVerdict) -> Decision:
@@ -455,6 +456,7 @@ class Fuse:
                 limit=bucket.capacity,
                 retry_after=bucket.retry_after,
                 unit="calls",
+                key_id=identity.key_id,
             )
             return Decision(key=identity.label, allowed=False, error=error, bucket=bucket)
         if verdict.velocity is None:

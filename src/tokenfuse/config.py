@@ -7,24 +7,6 @@
 ``docs/configuration.md`` describes each variable.
 """
 
-from ._settings import (
-    VARIABLES,
-    Settings,
-    Variable,
-    configure,
-    current,
-    default_fuses,
-    duration,
-    reload,
-)
-
-__all__ = [
-    "VARIABLES",
-    "Settings",
-    "Variable",
-    "configure",
-    "current",
-    "default_fuses",
-    "duration",
-    "reload",
-]
+# This module is the public face of _settings: the names it exports, no more.
+from ._settings import *  # noqa: F403
+from ._settings import __all__ as __all__

@@ -13,14 +13,6 @@ The rows (timestamp, key, tokens; CSV or JSON lines) go through the guards' own 
 a simulated clock. ``tokenfuse replay usage.csv --policy limit=50k/min`` prints the same.
 """
 
-from ._replay import KeyReplay, ReplayResult, Trip, UsageRow, read_usage, replay, replay_file
-
-__all__ = [
-    "KeyReplay",
-    "ReplayResult",
-    "Trip",
-    "UsageRow",
-    "read_usage",
-    "replay",
-    "replay_file",
-]
+# This module is the public face of _replay: the names it exports, no more.
+from ._replay import *  # noqa: F403
+from ._replay import __all__ as __all__

@@ -57,6 +57,7 @@ def test_a_burst_over_capacity_is_refused_with_the_exact_body_and_headers(
             "(retry in 0.10 s)"
         ),
         "key": "sk-…0001",
+        "key_id": Identity.secret(TOKEN).key_id,
         "unit": "calls",
         "rate": 10.0,
         "limit": 50.0,
@@ -108,6 +109,7 @@ def test_a_live_ceiling_trips_the_velocity_check_on_a_tool_endpoint(
             "sk-…0001 (blocked for 60 s)"
         ),
         "key": "sk-…0001",
+        "key_id": Identity.secret(TOKEN).key_id,
         "unit": "calls",
         "rate": 21.0,
         "limit": 20.0,

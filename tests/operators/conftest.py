@@ -1,8 +1,7 @@
-"""Fixtures of the operator tools: process settings that a test may change, and Redis prefixes."""
+"""Fixtures of the operator tools: process settings that a test may change."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -16,18 +15,3 @@ def environment() -> Iterator[Callable[[dict[str, str]], Settings]]:
     process started with it); the real environment's settings come back afterwards."""
     yield reload
     reload()
-
-
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    """A Redis key prefix of this test's own; its keys are deleted afterwards (never FLUSHDB)."""
-    redis = pytest.importorskip("redis")
-    name = f"tf-ops-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{name}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()

@@ -26,7 +26,7 @@ def fuses(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Pair]:
     if request.param == "memory":
         store: object = MemoryStore(clock=clock)
     else:
-        prefix = request.getfixturevalue("prefix")
+        prefix = request.getfixturevalue("redis_prefix")
         store = RedisStore.from_url(
             request.getfixturevalue("redis_url"), prefix=prefix, clock=clock
         )

@@ -302,3 +302,24 @@ def test_the_genai_token_usage_histogram(clock: Clock) -> None:
         "gen_ai.request.model": "gpt-4o-mini",
         "gen_ai.token.type": "input",
     }
+
+
+def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones(
+    scrape: Scrape, clock: Clock
+) -> None:
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=10))
+    fuse.record("agent-listed", 20)
+    families = {family.name: family.type for family in TallyCollector(scrape.tally).collect()}
+    exposed = {f"{name}_total" if kind == "counter" else name for name, kind in families.items()}
+    documented = set(re.findall(r"`(tokenfuse_[a-z_]+)`", (docs / "metrics.md").read_text()))
+    assert exposed == documented
+    dashboard = (docs / "grafana-dashboard.json").read_text()
+    used = {
+        re.sub(r"_(bucket|count|sum)$", "", name)
+        for name in re.findall(r"tokenfuse_[a-z_]+", dashboard)
+    }
+    assert used - {"tokenfuse"} <= exposed

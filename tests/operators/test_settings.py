@@ -160,9 +160,11 @@ def test_shadow_from_the_environment_never_refuses(environment: Environment) -> 
 
 
 @pytest.mark.redis
-def test_processes_sharing_the_environment_share_one_redis(redis_url: str, prefix: str) -> None:
+def test_processes_sharing_the_environment_share_one_redis(
+    redis_url: str, redis_prefix: str
+) -> None:
     """Two processes with nothing but the environment in common count into the same key."""
-    env = {"TOKENFUSE_REDIS_URL": redis_url, "TOKENFUSE_REDIS_PREFIX": prefix}
+    env = {"TOKENFUSE_REDIS_URL": redis_url, "TOKENFUSE_REDIS_PREFIX": redis_prefix}
     script = "import tokenfuse\nprint(tokenfuse.default_fuse().record('agent-7', 4000).rate)\n"
     rates = []
     for _ in range(2):
@@ -176,7 +178,7 @@ def test_processes_sharing_the_environment_share_one_redis(redis_url: str, prefi
         )
         rates.append(float(done.stdout))
     assert rates == [4000.0, 8000.0]
-    store = RedisStore.from_url(redis_url, prefix=prefix)
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
     try:
         assert tokenfuse.Fuse(store).status("agent-7").rate == 8000.0
     finally:

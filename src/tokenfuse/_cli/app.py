@@ -325,8 +325,8 @@ def _events(cli: Cli) -> None:
     admin = cli.admin()
     if not admin.feed.cross_process:
         cli.err.write(
-            "note: this shows the events of this process only; those of the processes sharing "
-            "the store need a cross-process event feed (tokenfuse.admin.add_feed_source)\n"
+            "note: this shows the events of this process only; on a Redis store "
+            "(--redis, TOKENFUSE_REDIS_URL) every process's are logged\n"
         )
     shown = admin.events(cli.args.limit)
     for event in shown:

@@ -7,9 +7,8 @@ is bounded however large the database; then one pipelined ``GET`` per node for t
 decoded with the state layout of ``redis_codec`` and viewed through the core
 (``status_of``), as ``ReadStatus`` is.
 
-The walk is written once, as steps (``walk`` yields each command and receives its reply: a
-plan, ``_plans``), and the sync and asyncio faces only carry the commands out (``run_sync``,
-``run_async``).
+The walk is written once, as steps (``walk`` yields each command and receives its reply), and
+the sync and asyncio faces only carry the commands out (``run_sync``, ``run_async``).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from functools import partial
 from typing import Any
 
 from .._core.status import status_of
-from .._plans import adrive, drive
 from .ops import KeyPage, ListKeys
 from .redis_codec import states_of
 
@@ -145,25 +143,39 @@ def _primaries(client: Any) -> tuple[list[str | None], dict[str, Any] | None]:
     return sorted(nodes), nodes
 
 
+class _Walk:
+    """One page's steps, each turned into the client call that carries it out."""
+
+    def __init__(self, client: Any, op: ListKeys, prefix: str, clock: float | None) -> None:
+        names, self._nodes = _primaries(client)
+        self._client = client
+        self._steps = walk(op, prefix, names, clock)
+
+    def advance(self, reply: Any) -> tuple[Any, Any] | KeyPage:
+        """The next (call, shape of its answer), or the page once the steps are done."""
+        try:
+            step = self._steps.send(reply)
+        except StopIteration as done:
+            page: KeyPage = done.value
+            return page
+        return _command(self._client, self._nodes, step)
+
+
 def run_sync(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
     """One page of ``op``, walked with a sync redis-py client."""
-    names, nodes = _primaries(client)
-
-    def carry_out(step: Step) -> Any:
-        call, shape = _command(client, nodes, step)
-        return shape(call())
-
-    return drive(walk(op, prefix, names, clock), carry_out)
+    steps, reply = _Walk(client, op, prefix, clock), None
+    while not isinstance(step := steps.advance(reply), KeyPage):
+        call, shape = step
+        reply = shape(call())
+    return step
 
 
 async def run_async(client: Any, op: ListKeys, prefix: str, clock: float | None) -> KeyPage:
     """One page of ``op``, walked with an asyncio redis-py client."""
     if hasattr(client, "initialize"):
         await client.initialize()  # an asyncio cluster client learns its nodes on first use
-    names, nodes = _primaries(client)
-
-    async def carry_out(step: Step) -> Any:
-        call, shape = _command(client, nodes, step)
-        return shape(await call())
-
-    return await adrive(walk(op, prefix, names, clock), carry_out)
+    steps, reply = _Walk(client, op, prefix, clock), None
+    while not isinstance(step := steps.advance(reply), KeyPage):
+        call, shape = step
+        reply = shape(await call())
+    return step
