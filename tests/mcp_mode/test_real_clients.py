@@ -14,7 +14,15 @@ import uuid
 import httpx
 import pytest
 
-from tests.mcp_mode.conftest import CAPACITY, CLIENTS, McpServer, drive, finish, start
+from tests.mcp_mode.conftest import (
+    CAPACITY,
+    CLIENTS,
+    McpServer,
+    drive,
+    finish,
+    mcp1_interpreter,
+    start,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +35,7 @@ def delta(server: McpServer, before: dict[str, int], name: str) -> int:
 
 
 def test_100_short_sessions_in_a_row_all_succeed_with_every_client(server_v2: McpServer) -> None:
+    mcp1_interpreter()  # first: a skip must not leave started clients running
     # One caller per client, 100 sessions each: connect, ping (handshake wire), call lookup
     # once, close. The bucket holds 122 calls; the protocol messages (initialize,
     # initialized, the GET stream, pings, the automatic tools/list, DELETE) would be 600-800.
@@ -44,6 +53,7 @@ def test_100_short_sessions_in_a_row_all_succeed_with_every_client(server_v2: Mc
 
 
 def test_a_runaway_refund_loop_is_refused_and_the_session_goes_on(server_v2: McpServer) -> None:
+    mcp1_interpreter()  # first: a skip must not leave started clients running
     before = server_v2.stats()
     started = [
         start(client, server_v2.url, "loop", "--tool", "refund", "--args", REFUND,
@@ -65,6 +75,7 @@ def test_a_runaway_refund_loop_is_refused_and_the_session_goes_on(server_v2: Mcp
 
 
 def test_refund_at_cost_5_admits_a_fifth_as_many_as_lookup(server_v2: McpServer) -> None:
+    mcp1_interpreter()  # first: a skip must not leave started clients running
     started = [
         start(client, server_v2.url, "loop", "--tool", tool, "--args", arguments,
               "--limit", "200")
@@ -79,6 +90,7 @@ def test_refund_at_cost_5_admits_a_fifth_as_many_as_lookup(server_v2: McpServer)
 def test_the_same_failing_call_trips_the_failure_loop_naming_the_tool(
     server_v2: McpServer,
 ) -> None:
+    mcp1_interpreter()  # first: a skip must not leave started clients running
     before = server_v2.stats()
     started = [
         start(client, server_v2.url, "loop", "--tool", "refund", "--args", BAD_REFUND,
