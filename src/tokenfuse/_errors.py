@@ -64,6 +64,8 @@ class FuseTripped(TokenFuseError):
 
     Attributes:
         key: redacted label of the identity (``sk-…a1b2``), never a raw credential.
+        key_id: the identity's short, non-secret id (``3f9a0c12d4e5``), which tells apart
+            keys whose labels look alike and names the key to admin tools; None when unknown.
         reason: machine-readable code (``loop_suspected``, ``manual_ceiling``,
             ``cold_start_ceiling``, ``quota_exhausted``).
         rate: the amount in the last 60 s (velocity) or the bucket level (quota).
@@ -72,11 +74,10 @@ class FuseTripped(TokenFuseError):
         multiple: ``rate / baseline`` for a spike, ``None`` when not applicable.
         retry_after: seconds until a call from this key can succeed again.
         unit: what is counted (``tokens``, ``calls``, ...).
-        key_id: the identity's non-secret key id, by which an operator addresses it
-            (``tokenfuse reset <key_id>``); None when the refusal was built by hand.
     """
 
     reason: str = "tripped"
+    key_id: str | None = None
 
     def __init__(
         self,
@@ -103,10 +104,19 @@ class FuseTripped(TokenFuseError):
             self.reason = reason
         super().__init__(self.describe())
 
+    @property
+    def who(self) -> str:
+        """The key as messages name it: its label and, when known, its id.
+
+        >>> FuseTripped(key="sk-…a1b2", key_id="3f9a0c12d4e5", rate=1, limit=1, retry_after=1).who
+        'sk-…a1b2 [id 3f9a0c12d4e5]'
+        """
+        return f"{self.key} [id {self.key_id}]" if self.key_id else self.key
+
     def describe(self) -> str:
         """The human sentence; subclasses say what the numbers mean."""
         return (
-            f"limit reached for key {self.key}: {_fmt(self.rate)} {self.unit}, over the limit of "
+            f"limit reached for key {self.who}: {_fmt(self.rate)} {self.unit}, over the limit of "
             f"{_fmt(self.limit)} (retry in {_seconds(self.retry_after)})"
         )
 
@@ -155,7 +165,7 @@ class LoopSuspected(FuseTripped):
         baseline = _fmt(self.baseline) if self.baseline is not None else "?"
         return (
             f"possible agent loop or retry storm: {_fmt(self.rate)} {self.unit}/min is "
-            f"{multiple} the baseline of {baseline} {self.unit}/min for key {self.key} "
+            f"{multiple} the baseline of {baseline} {self.unit}/min for key {self.who} "
             f"(blocked for {_seconds(self.retry_after)})"
         )
 
@@ -169,7 +179,7 @@ class CeilingExceeded(FuseTripped):
         which = "cold-start ceiling" if self.reason == "cold_start_ceiling" else "ceiling"
         return (
             f"rate over the {which}: {_fmt(self.rate)} {self.unit}/min is above "
-            f"{_fmt(self.limit)} {self.unit}/min for key {self.key} "
+            f"{_fmt(self.limit)} {self.unit}/min for key {self.who} "
             f"(blocked for {_seconds(self.retry_after)})"
         )
 
@@ -185,6 +195,6 @@ class QuotaExhausted(FuseTripped):
 
     def describe(self) -> str:
         return (
-            f"call quota exhausted for key {self.key}: the bucket of {_fmt(self.limit)} "
+            f"call quota exhausted for key {self.who}: the bucket of {_fmt(self.limit)} "
             f"{self.unit} refills at {_fmt(self.rate)}/s (retry in {_seconds(self.retry_after)})"
         )

@@ -16,12 +16,15 @@ __all__ = ["EventKind", "FuseEvent", "Hook", "Hooks", "listen", "logger"]
 logger = logging.getLogger("tokenfuse")
 
 EventKind = Literal[
-    "tripped",  # a key was opened (``error`` is the refusal)
-    "near_limit",  # a caller has used most of its bucket's refill for a while
+    "tripped",
+    "near_limit",
     "store_unavailable",
     "store_recovered",
     "pool_exhausted",  # no pooled connection came free in time: back-pressure, not an outage
-    "reset",  # a key was closed and refilled by hand (``Fuse.reset``)
+    "usage_estimated",
+    "usage_unknown",
+    "usage_partial",
+    "reset",  # a key was closed and refilled by hand (``Fuse.reset``, tokenfuse.admin)
     "configured",  # a key's live limit or bucket was changed (``set_limit``, ``set_bucket``)
 ]
 
@@ -30,10 +33,11 @@ EventKind = Literal[
 class FuseEvent:
     """Something an operator may want to see or page on.
 
-    ``key`` is the redacted label of the identity and ``key_id`` its non-secret id, by which an
-    operator addresses it (``tokenfuse reset <key_id>``); both are None for store events.
-    ``fuse`` is the name of the fuse that reported it. ``error`` is the refusal for
-    ``tripped``; ``detail`` is a one-line human explanation.
+    ``key`` is the redacted label of the identity and ``key_id`` its short, non-secret id, by
+    which an operator addresses it (``tokenfuse reset <key_id>``); both None for store events.
+    ``fuse`` is the name of the fuse it is about, when the reporter says. ``error`` is the
+    refusal for ``tripped``; ``detail`` is a one-line human explanation, naming the key by label
+    and id.
     """
 
     kind: EventKind
@@ -87,10 +91,7 @@ class Hooks:
         self._hooks.append(hook)
 
     def emit(self, event: FuseEvent, level: int = logging.WARNING) -> None:
-        if event.key_id is None:
-            logger.log(level, "%s: %s", event.kind, event.detail)
-        else:
-            logger.log(level, "%s: %s [key id %s]", event.kind, event.detail, event.key_id)
+        logger.log(level, "%s: %s", event.kind, event.detail)
         for hook in (*self._hooks, *_everywhere):
             try:
                 hook(event)

@@ -1,17 +1,18 @@
 """``Fuse``: the one facade the transport and the middleware share.
 
-It turns identities into storage-safe keys, builds each step's store operation (``_stores.ops``)
-and runs it in the store (one round trip), turns verdicts into typed refusals, reports events,
-and fails open when the store is down. Sync methods are plain (``record``), async ones carry
-an ``a`` prefix (``arecord``); both build the same operation and go through the same verdict
-handling, and only the store call itself differs (``run`` or ``arun``).
+It turns identities into storage-safe keys (keyed with the deployment secret), builds each
+step's store operation (``_stores.ops``) and runs it in the store (one round trip), turns
+verdicts into typed refusals, reports events, and fails open when the store is down. Sync
+methods are plain (``record``), async ones carry an ``a`` prefix (``arecord``); both build the
+same operation and go through the same verdict handling, and only the store call itself
+differs (``run`` or ``arun``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import TypeVar
@@ -35,13 +36,26 @@ from ._health import StoreHealth
 from ._identity import Identity
 from ._observe import WATCHERS, decided, store_failed
 from ._observe import apply as apply_settings
+from ._secret import SecretSource, deployment_secret
 from ._settings import current as current_settings
+from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
 from ._stores.event_log import EventLog
 from ._stores.memory import MemoryStore
-from ._stores.ops import UNSET, Admit, Configure, Gate, Op, ReadStatus, Record, Reset, Unset
+from ._stores.ops import (
+    UNSET,
+    Admit,
+    Configure,
+    Gate,
+    Op,
+    ReadStatus,
+    Record,
+    RecordBatch,
+    Reset,
+    Unset,
+)
 
-__all__ = ["Decision", "Fuse", "Status", "default_fuse"]
+__all__ = ["Decision", "Fuse", "Status", "checked_overrides", "default_fuse"]
 
 T = TypeVar("T")
 Who = str | Identity
@@ -62,11 +76,13 @@ class Decision:
 
     ``error`` is the ready-to-raise refusal when ``allowed`` is False. ``tripped`` means this
     very step opened the key (the next call will be refused). ``degraded`` means the store was
-    unavailable and the fuse failed open: nothing was checked.
+    unavailable and the fuse failed open: nothing was checked. ``key`` is the identity's
+    label, ``key_id`` its short, non-secret id.
     """
 
     key: str
     allowed: bool
+    key_id: str | None = None
     error: FuseTripped | None = None
     tripped: bool = False
     rate: float = 0.0
@@ -98,6 +114,13 @@ class Fuse:
         bucket: the token bucket for ``admit`` (``None``: no bucket).
         fail_closed: raise ``StoreUnavailable`` instead of failing open.
         on_event: a hook or hooks called with every ``FuseEvent``.
+        secret: the deployment secret store keys and key ids are derived with (at least 16
+            characters; every process sharing the store must use the same). Default:
+            ``TOKENFUSE_SECRET``; without it, a per-process one on ``MemoryStore`` and a
+            public fallback, with a warning, on shared stores (``docs/identities.md``).
+
+    ``fuse.stats`` (a ``FuseStats``) counts the calls whose usage was estimated, unknown or
+    partial, for the process and per key.
     """
 
     def __init__(
@@ -110,16 +133,20 @@ class Fuse:
         fail_closed: bool = False,
         on_event: Hook | Iterable[Hook] | None = None,
         health: StoreHealth | None = None,
+        secret: SecretSource | None = None,
     ) -> None:
         if not _NAME.match(name):
             raise ConfigurationError(f"fuse name must match {_NAME.pattern}, not {name!r}")
         self.store = store if store is not None else MemoryStore()
+        # Never an attribute a repr or a debugger dump shows by name.
+        self._secret = deployment_secret(secret, shared=not isinstance(self.store, MemoryStore))
         self.name = name
         self.velocity = velocity
         self.bucket = bucket
         self.fail_closed = fail_closed
         self.hooks = Hooks(on_event)
         self.health = health or StoreHealth()
+        self.stats = FuseStats()
         self._velocity_for_reads = velocity or _DEFAULT_VELOCITY
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
@@ -131,6 +158,15 @@ class Fuse:
 
     def __repr__(self) -> str:
         return f"Fuse(store={self.store!r}, name={self.name!r})"
+
+    def key_id(self, who: Who) -> str:
+        """The short, non-secret id this fuse shows for ``who`` in refusals and events.
+
+        >>> fuse = Fuse(secret="an example secret, 32 characters")
+        >>> fuse.key_id("agent-42")
+        '7d6fc5593120'
+        """
+        return self._id(Identity.of(who))
 
     def on_event(self, hook: Hook) -> Hook:
         """Add an event hook; usable as a decorator."""
@@ -158,6 +194,28 @@ class Fuse:
         identity = Identity.of(who)
         op = self._record_op(identity, amount)
         return await self._adecide(identity, op, self._velocity_decision)
+
+    def record_batch(self, items: Sequence[tuple[Who, float]]) -> list[Decision]:
+        """``record`` of many calls at once, in one store round trip: the usage of calls
+        recorded off the caller's path (``FuseTransport(record="background")``).
+
+        The amounts of one key go in one ``RecordBatch``, in order, and its calls share the
+        decision: the first trip's, else the last record's. One decision per item, in order.
+        """
+        batch = _Batch(self, items)
+        if not batch.ops:
+            return batch.decisions([])
+        store = self._sync()
+        if not self.health.available():
+            return batch.degraded(None)
+        try:
+            run_many = getattr(store, "run_many", None)
+            ops = batch.ops
+            verdicts = run_many(ops) if run_many else [store.run(op) for op in ops]
+        except Exception as exc:
+            return batch.degraded(exc)
+        self._healthy()
+        return batch.decisions(verdicts)
 
     def admit(
         self,
@@ -194,11 +252,11 @@ class Fuse:
     def status(self, who: Who) -> Status:
         """The key's rate, baseline, latch and bucket, read without changing anything."""
         identity = Identity.of(who)
-        return replace(self._sync().run(self._status_op(identity)), key=identity.label)
+        return self._labelled(self._sync().run(self._status_op(identity)), identity)
 
     async def astatus(self, who: Who) -> Status:
         identity = Identity.of(who)
-        return replace(await self._async().arun(self._status_op(identity)), key=identity.label)
+        return self._labelled(await self._async().arun(self._status_op(identity)), identity)
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
@@ -247,28 +305,43 @@ class Fuse:
         self._changed(identity, op)
 
     def _changed(self, identity: Identity, op: Reset | Configure) -> None:
-        """Report a change made by hand (an event, so every operator sees who changed what)."""
+        """Report a change made by hand: an event, so every operator sees who changed what."""
+        self.changed_by_key(identity.label, self._id(identity), op)
+
+    def changed_by_key(self, label: str, key_id: str, op: Reset | Configure) -> None:
+        """Report a change made by hand to the key with ``key_id`` (``tokenfuse.admin`` changes
+        a key found by its id through its store key, with no identity to name it)."""
         if isinstance(op, Reset):
-            detail = f"key {identity.label} reset: closed, its window cleared, its bucket refilled"
-            self._emit("reset", identity, detail, level=logging.INFO)
-            return
-        unit = self._velocity_for_reads.unit
-        changes = [
-            f"{what} {'back to the policy' if value is None else f'{value:,g}{suffix}'}"
-            for what, value, suffix in (
-                ("manual ceiling", op.limit, f" {unit}/min"),
-                ("bucket capacity", op.capacity, ""),
-                ("bucket rate", op.rate, "/s"),
+            detail = (
+                f"key {label} [id {key_id}] reset: closed, its window cleared, its bucket refilled"
             )
-            if not isinstance(value, Unset)
-        ]
-        detail = f"key {identity.label}: " + ", ".join(changes)
-        self._emit("configured", identity, detail, level=logging.INFO)
+            kind: EventKind = "reset"
+        else:
+            unit = self._velocity_for_reads.unit
+            changes = [
+                f"{what} {'back to the policy' if value is None else f'{value:,g}{suffix}'}"
+                for what, value, suffix in (
+                    ("manual ceiling", op.limit, f" {unit}/min"),
+                    ("bucket capacity", op.capacity, ""),
+                    ("bucket refill", op.rate, "/s"),
+                )
+                if not isinstance(value, Unset)
+            ]
+            detail = f"key {label} [id {key_id}] set: " + ", ".join(changes)
+            kind = "configured"
+        event = FuseEvent(kind, label, detail, key_id=key_id, fuse=self.name)
+        self.hooks.emit(event, logging.INFO)
 
     # -- the operations ---------------------------------------------------------------------------
 
     def _key(self, identity: Identity) -> str:
-        return f"{self.name}:{identity.key}"
+        return f"{self.name}:{identity.keyed(self._secret).hex}"
+
+    def _id(self, identity: Identity) -> str:
+        return identity.keyed(self._secret).key_id
+
+    def _labelled(self, status: Status, identity: Identity) -> Status:
+        return replace(status, key=identity.label, key_id=self._id(identity))
 
     def _record_op(self, identity: Identity, amount: float) -> Record | None:
         """None when there is nothing to record (the amount is not spending)."""
@@ -288,10 +361,11 @@ class Fuse:
         return ReadStatus(self._key(identity), self._velocity_for_reads, self.bucket)
 
     def _bucket_op(
-        self, identity: Identity, rate: float | str | None | Unset, capacity: float | None | Unset
+        self, who: Who, rate: float | str | None | Unset, capacity: float | None | Unset
     ) -> Configure:
-        key = self._key(identity)
-        return Configure(key, rate=_rate(rate), capacity=_capacity(capacity))
+        return Configure(
+            self._key(Identity.of(who)), rate=_rate(rate), capacity=_capacity(capacity)
+        )
 
     # -- running them ---------------------------------------------------------------------------
 
@@ -325,7 +399,7 @@ class Fuse:
         """Run ``op`` (None: nothing to ask) and decide on its verdict; fail open if the store
         fails (or closed, if so configured)."""
         if op is None:
-            return Decision(key=identity.label, allowed=True)
+            return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         store = self._sync()
         # Metrics: when nothing observes decisions, this check is all they cost.
         started = perf_counter() if WATCHERS.decisions else 0.0
@@ -342,7 +416,7 @@ class Fuse:
     ) -> Decision:
         """``_decide`` for asyncio code: the same steps, awaiting the store."""
         if op is None:
-            return Decision(key=identity.label, allowed=True)
+            return Decision(key=identity.label, allowed=True, key_id=self._id(identity))
         store = self._async()
         started = perf_counter() if WATCHERS.decisions else 0.0
         outcome: T | Exception | None = None
@@ -376,19 +450,6 @@ class Fuse:
             decided(watchers, self, op, decision, perf_counter() - started)
         return decision
 
-    def _emit(
-        self,
-        kind: EventKind,
-        identity: Identity,
-        detail: str,
-        error: FuseTripped | None = None,
-        level: int = logging.WARNING,
-    ) -> None:
-        event = FuseEvent(
-            kind, identity.label, detail, error, key_id=identity.key_id, fuse=self.name
-        )
-        self.hooks.emit(event, level)
-
     def _healthy(self) -> None:
         recovered = self.health.succeeded()
         if recovered is not None:
@@ -405,14 +466,17 @@ class Fuse:
         if self.fail_closed:
             kind = StoreBusy if isinstance(exc, StoreBusy) else StoreUnavailable
             raise kind(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
-        return Decision(key=identity.label, allowed=True, degraded=True)
+        return Decision(key=identity.label, allowed=True, degraded=True, key_id=self._id(identity))
 
     def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
         error = None if verdict.allowed else self._velocity_error(identity, verdict)
+        key_id = self._id(identity)
         if verdict.tripped and error is not None:
-            self._emit("tripped", identity, str(error), error)
+            event = FuseEvent("tripped", identity.label, str(error), error, key_id=key_id)
+            self.hooks.emit(event)
         return Decision(
             key=identity.label,
+            key_id=key_id,
             allowed=verdict.allowed,
             error=error,
             tripped=verdict.tripped,
@@ -433,19 +497,20 @@ class Fuse:
             retry_after=max(verdict.retry_after, 0.0),
             unit=self._velocity_for_reads.unit,
             reason=reason,
-            key_id=identity.key_id,
+            key_id=self._id(identity),
         )
 
     def _admit_decision(self, identity: Identity, verdict: AdmitVerdict) -> Decision:
         bucket = verdict.bucket
+        key_id = self._id(identity)
         if bucket is not None and bucket.near_limit:
             detail = (
-                f"key {identity.label} has used over "
+                f"key {identity.label} [id {key_id}] has used over "
                 f"{self.bucket.near_limit_fraction if self.bucket else 0.8:.0%} of its quota "
                 f"({bucket.rate:g}/s) for more than "
                 f"{self.bucket.near_limit_after if self.bucket else 300:.0f} s"
             )
-            self._emit("near_limit", identity, detail)
+            self.hooks.emit(FuseEvent("near_limit", identity.label, detail, key_id=key_id))
         if verdict.velocity is not None and not verdict.velocity.allowed:
             decision = self._velocity_decision(identity, verdict.velocity)
             return _with_bucket(decision, bucket)
@@ -456,12 +521,53 @@ class Fuse:
                 limit=bucket.capacity,
                 retry_after=bucket.retry_after,
                 unit="calls",
-                key_id=identity.key_id,
+                key_id=key_id,
             )
-            return Decision(key=identity.label, allowed=False, error=error, bucket=bucket)
+            return Decision(
+                key=identity.label, key_id=key_id, allowed=False, error=error, bucket=bucket
+            )
         if verdict.velocity is None:
-            return Decision(key=identity.label, allowed=True, bucket=bucket)
+            return Decision(key=identity.label, key_id=key_id, allowed=True, bucket=bucket)
         return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
+
+
+class _Batch:
+    """The operations of ``Fuse.record_batch``: one ``RecordBatch`` per key, in the order the
+    keys first appear, and which items each one decides."""
+
+    def __init__(self, fuse: Fuse, items: Sequence[tuple[Who, float]]) -> None:
+        if fuse.velocity is None:
+            raise ConfigurationError("this fuse has no velocity policy to record against")
+        self.fuse = fuse
+        self.identities = [Identity.of(who) for who, _ in items]
+        groups: dict[str, tuple[Identity, list[float], list[int]]] = {}
+        for at, (identity, (_, amount)) in enumerate(zip(self.identities, items, strict=True)):
+            if _countable(amount):
+                key = fuse._key(identity)
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = (identity, [], [])
+                group[1].append(float(amount))
+                group[2].append(at)
+        self.groups = list(groups.values())
+        velocity = fuse.velocity
+        self.ops = [
+            RecordBatch(key, tuple(amounts), velocity) for key, (_, amounts, _) in groups.items()
+        ]
+
+    def decisions(self, verdicts: Sequence[VelocityVerdict]) -> list[Decision]:
+        """Each item's decision: its key's, or allowed when it recorded nothing."""
+        found = [Decision(key=identity.label, allowed=True) for identity in self.identities]
+        for (identity, _, indexes), verdict in zip(self.groups, verdicts, strict=True):
+            decision = self.fuse._velocity_decision(identity, verdict)
+            for at in indexes:
+                found[at] = decision
+        return found
+
+    def degraded(self, exc: Exception | None) -> list[Decision]:
+        """The store failed (or is skipped): each item fails open (or the batch closed)."""
+        failed = self.fuse._degraded(self.identities[0], exc)
+        return [replace(failed, key=identity.label) for identity in self.identities]
 
 
 def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:
@@ -469,6 +575,7 @@ def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:
         return decision
     return Decision(
         key=decision.key,
+        key_id=decision.key_id,
         allowed=decision.allowed,
         error=decision.error,
         tripped=decision.tripped,
@@ -502,6 +609,18 @@ def _rate(rate: float | str | None | Unset) -> float | None | Unset:
     if value <= 0:
         raise ConfigurationError("bucket rate must be positive")
     return value
+
+
+def checked_overrides(
+    *,
+    limit: float | str | None | Unset = UNSET,
+    rate: float | str | None | Unset = UNSET,
+    capacity: float | None | Unset = UNSET,
+) -> Configure:
+    """A ``Configure`` of live overrides, each checked as ``set_limit``/``set_bucket`` check it,
+    with no key yet (``tokenfuse.admin`` sets it: it may know a key by its store key only)."""
+    ceiling = limit if isinstance(limit, Unset) else _limit(limit)
+    return Configure("", limit=ceiling, rate=_rate(rate), capacity=_capacity(capacity))
 
 
 def _capacity(capacity: float | None | Unset) -> float | None | Unset:

@@ -1,34 +1,43 @@
-"""Identities, for both sides: who is spending, as a storage-safe key and a human label.
+"""Identities: who is spending, as a keyed hash for stores plus a label and an id for humans.
 
 Whatever names a caller (an API key, an org header, ``scope("agent-42")``) is untrusted and
-possibly secret. It never reaches a store or a log as is: the store key is a hash of it,
-and the label is either the name itself (for names the application chose) or a redaction that
-shows just enough to tell keys apart (``sk-…a1b2``).
+possibly secret. It never reaches a store or a log as is:
+
+* an ``Identity`` keeps only ``SHA-256(kind, value)`` of the whole value, however long, and
+  never shows it (not in ``repr``, not pickled);
+* a fuse derives the store key from that digest with its deployment secret (``_secret.py``):
+  ``HMAC-SHA256(secret, digest)``, 128 bits in hex;
+* the **key id** is the first 12 hex characters of that keyed hash: stable across processes
+  sharing the secret, and safe to show, log and type into admin tools;
+* the **label** is the name itself for names the application chose (at most 64 printable
+  characters), or a redaction of a credential that leaves at least 12 characters hidden
+  (``sk-…a1b2``; shorter credentials show less, down to ``…``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import hmac
+import ipaddress
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any, Literal, NamedTuple, NoReturn
 
-__all__ = ["KEY_ID_LENGTH", "MAX_IDENTITY_LENGTH", "Identity"]
+from ._errors import ConfigurationError
+from ._secret import process_secret
 
-#: Longer identities are cut before hashing and labelling: bounds work per request.
-MAX_IDENTITY_LENGTH = 512
+__all__ = ["KEY_ID_LENGTH", "Identity", "Keyed", "redact"]
 
-#: Hex characters of the store key that make a key id: 48 bits, so two of a million keys share
-#: one with a chance of about 0.2 %; a lookup that matches two says so and asks for more.
+#: Hex characters of the keyed hash that make a key id (48 bits).
 KEY_ID_LENGTH = 12
 
 _LABEL_LENGTH = 64
 _SECRET_TAIL = 4
+_VENDOR_PREFIX = 4  # ``sk-``, ``pk-``, ``key-``: shown; a longer head is part of the secret
+_HIDDEN_AT_LEAST = 12  # characters of a credential its label never shows fewer than
+_IPV6_NETWORK = 64  # one host can use every address of its /64
 
-
-def _digest(kind: str, value: str) -> str:
-    # 128 bits of SHA-256: collisions are out of reach, and keys stay short in Redis.
-    raw = f"{kind}\x00{value[:MAX_IDENTITY_LENGTH]}".encode("utf-8", "surrogatepass")
-    return hashlib.sha256(raw).hexdigest()[:32]
+Kind = Literal["name", "secret", "client"]
 
 
 def _printable(value: str) -> str:
@@ -36,61 +45,194 @@ def _printable(value: str) -> str:
 
 
 def redact(secret: str) -> str:
-    """``sk-proj-abc…`` -> ``sk-…a1b2``: the first dash-separated prefix and the last 4 chars."""
+    """A label for a credential that leaves at least 12 of its characters hidden.
+
+    The vendor prefix (``sk-``) or first 3 characters, ``…``, and the last 4 characters when
+    enough remains hidden between them; else the head alone; else nothing.
+
+    >>> redact("sk-proj-0123456789abcdef"), redact("AIzaSyA-1234567890"), redact("123456")
+    ('sk-…cdef', 'AIz…', '…')
+    """
     secret = secret.strip()
-    if len(secret) <= 2 * _SECRET_TAIL:
-        return "…" + _printable(secret[-2:]) if secret else "(empty)"
+    if not secret:
+        return "(empty)"
     prefix, dash, _ = secret.partition("-")
-    # Keep a short vendor prefix (``sk-``, ``sk-ant-`` -> ``sk-``) but never a long secret head.
-    head = prefix + "-" if dash and len(prefix) <= 4 else secret[:3]
-    return _printable(head) + "…" + _printable(secret[-_SECRET_TAIL:])
+    head = prefix + dash if dash and len(prefix) <= _VENDOR_PREFIX else secret[:3]
+    hidden = len(secret) - len(head)
+    if hidden - _SECRET_TAIL >= _HIDDEN_AT_LEAST:
+        return _printable(head) + "…" + _printable(secret[-_SECRET_TAIL:])
+    if hidden >= _HIDDEN_AT_LEAST:
+        return _printable(head) + "…"
+    return "…"
 
 
-@dataclass(frozen=True, slots=True)
+def _digest(kind: Kind, value: str) -> bytes:
+    return hashlib.sha256(f"{kind}\x00{value}".encode("utf-8", "surrogatepass")).digest()
+
+
+def _derived_digest(parent: bytes, parts: tuple[str, ...]) -> bytes:
+    hashed = hashlib.sha256(b"derived\x00" + parent)
+    for part in parts:  # length-prefixed, so that no two lists of parts hash alike
+        encoded = part.encode("utf-8", "surrogatepass")
+        hashed.update(len(encoded).to_bytes(8, "big") + encoded)
+    return hashed.digest()
+
+
+class Keyed(NamedTuple):
+    """An identity's keyed hash under one secret: what stores and humans see of it."""
+
+    hex: str
+    """``HMAC-SHA256(secret, digest)``, 128 bits as 32 hex characters: the store key's part."""
+    key_id: str
+    """Its first ``KEY_ID_LENGTH`` characters: the id shown next to the label."""
+
+
 class Identity:
     """Who a decision is about.
 
-    ``key`` is what stores see (a hash, safe as a Redis key); ``label`` is what messages,
-    logs and ``status()`` show.
+    ``label`` is what messages, logs and ``status()`` show; ``key_id`` tells identities apart
+    where labels cannot (``sk-…a1b2``) and names one to admin tools. Equal identities are the
+    same kind of the same value. Immutable; build them with ``named``, ``secret``, ``client``,
+    ``of`` or ``derived`` (the constructor takes a digest those compute).
 
     >>> Identity.named("agent-42").label
     'agent-42'
     >>> Identity.secret("sk-proj-0123456789abcdef").label
     'sk-…cdef'
+    >>> len(Identity.named("agent-42").key_id)
+    12
     """
 
-    key: str
+    __slots__ = ("_digest", "_keyed", "label")
+
     label: str
+    _digest: bytes
+    _keyed: tuple[bytes, Keyed] | None  # the last secret a fuse asked for, and its result
 
-    @property
-    def key_id(self) -> str:
-        """A short, stable, non-secret handle on this identity: the first 12 hex characters of
-        its store key, shown next to the label so an operator can address the key
-        (``tokenfuse reset 3f9a0c…``) without holding the credential.
-
-        >>> Identity.named("agent-42").key_id == Identity.named("agent-42").key[:12]
-        True
-        """
-        return self.key[:KEY_ID_LENGTH]
+    def __init__(self, digest: bytes, label: str) -> None:
+        object.__setattr__(self, "_digest", digest)
+        object.__setattr__(self, "label", label)
+        object.__setattr__(self, "_keyed", None)
 
     @staticmethod
     def named(name: str) -> Identity:
         """An identity the application chose (``"agent-42"``, an org id): shown as is."""
         return _named(name)
 
-    @classmethod
-    def secret(cls, secret: str) -> Identity:
-        """An identity derived from a credential: hashed, and shown only redacted."""
-        return cls(key=_digest("secret", secret), label=redact(secret))
+    @staticmethod
+    def secret(secret: str) -> Identity:
+        """An identity derived from a credential: hashed whole, and shown only redacted."""
+        return _secret(secret)
+
+    @staticmethod
+    def client(address: str) -> Identity:
+        """The identity of callers from one network address, as the middleware counts
+        callers it cannot identify otherwise (``anonymous="client"``). An IPv6 address
+        stands for its /64, which one host can use whole.
+
+        >>> Identity.client("2001:db8:1:2::7").label
+        'client 2001:db8:1:2::/64'
+        """
+        try:
+            ip = ipaddress.ip_address(address.strip())
+        except ValueError:
+            raise ConfigurationError(f"not an IP address: {address[:64]!r}") from None
+        return _client(_network_of(ip))
+
+    def derived(self, *parts: str, label: str) -> Identity:
+        """An identity made of this one and ``parts`` (a caller × a tool): hashed from this
+        one's digest and the parts, so that neither reaches a store; shown as ``label``.
+
+        >>> caller = Identity.named("agent-42")
+        >>> caller.derived("tool", "refund", label="agent-42 tool refund").label
+        'agent-42 tool refund'
+        """
+        return Identity(_derived_digest(self._digest, parts), label)
 
     @staticmethod
     def of(who: str | Identity) -> Identity:
         """Accept either form; a plain string is treated as an application-chosen name."""
         return who if isinstance(who, Identity) else _named(who)
 
+    @property
+    def key_id(self) -> str:
+        """The short, non-secret id of this identity under the process's deployment secret
+        (``TOKENFUSE_SECRET``). A fuse with a secret of its own shows ids derived with it:
+        ``fuse.key_id(identity)``."""
+        return self.keyed(process_secret()).key_id
 
-# The same few names come back on every call; hashing is the costly part of a MemoryStore
-# decision. Bounded, so a flood of distinct names cannot grow it.
-@lru_cache(maxsize=4096)
+    def keyed(self, secret: bytes) -> Keyed:
+        """The keyed hash and key id of this identity under ``secret``. Cached for the last
+        secret asked for: a fuse pays for the HMAC once per identity, not per call."""
+        cached = self._keyed
+        if cached is not None and cached[0] == secret:
+            return cached[1]
+        value = hmac.digest(secret, self._digest, "sha256")[:16].hex()
+        keyed = Keyed(value, value[:KEY_ID_LENGTH])
+        object.__setattr__(self, "_keyed", (secret, keyed))
+        return keyed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identity) and self._digest == other._digest
+
+    def __hash__(self) -> int:
+        return hash(self._digest)
+
+    def __repr__(self) -> str:
+        return f"<Identity {self.label} [id {self.key_id}]>"
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"Identity is immutable; cannot set {name!r}")
+
+    def __reduce__(self) -> NoReturn:
+        # Its digest is the unkeyed hash of a credential: it must not leave the process.
+        raise TypeError("an Identity is not pickled; pass its name or credential instead")
+
+    def __copy__(self) -> Identity:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Identity:
+        return self
+
+
+def _network_of(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, _IPV6_NETWORK), strict=False))
+    return str(ip)
+
+
+# The same few identities come back on every call, and hashing is the costly part of a
+# MemoryStore decision: cache them, in bounded memory. Short values (API keys, names) share a
+# large cache; long ones (JWTs) a small one; beyond that nothing is cached, so a flood of huge
+# names costs at most 4096 x 128 + 256 x 4096 characters (1.5 MB) of cache.
+_SHORT, _LONG = 128, 4096
+
+
+def _cached(build: Callable[[str], Identity]) -> Callable[[str], Identity]:
+    short = lru_cache(maxsize=4096)(build)
+    long = lru_cache(maxsize=256)(build)
+
+    def get(value: str) -> Identity:
+        size = len(value)
+        if size <= _SHORT:
+            return short(value)
+        return long(value) if size <= _LONG else build(value)
+
+    return get
+
+
+@_cached
 def _named(name: str) -> Identity:
-    return Identity(key=_digest("name", name), label=_printable(name) or "(empty)")
+    return Identity(_digest("name", name), _printable(name) or "(empty)")
+
+
+@_cached
+def _secret(secret: str) -> Identity:
+    return Identity(_digest("secret", secret), redact(secret))
+
+
+@lru_cache(maxsize=4096)  # bounded: an IPv4 address or an IPv6 /64 is at most 43 characters
+def _client(network: str) -> Identity:
+    return Identity(_digest("client", network), f"client {network}")

@@ -237,14 +237,23 @@ def _install_metrics(settings: Settings) -> None:
         configure_keys(settings.metrics_keys, settings.metrics_top)
         return
     _metrics_installed = True
-    if importlib.util.find_spec("prometheus_client") is not None:
+    if _installed("prometheus_client"):
         from ._metrics.prometheus import install_default
 
         install_default(settings.metrics_keys, settings.metrics_top)
-    if importlib.util.find_spec("opentelemetry.metrics") is not None:
+    if _installed("opentelemetry.metrics"):
         from ._metrics.otel import install_default as install_otel
 
         install_otel()
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported; ``find_spec`` of a submodule raises, rather than
+    answering None, when its parent package is missing."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _apply_webhook(url: str | None) -> None:

@@ -253,12 +253,13 @@ def replay(
     rows = list(rows)
     clock = _Clock()
     store = MemoryStore(clock=clock, max_keys=max(len({row.key for row in rows}), 1))
+    secret = settings.secret  # the deployment's: key ids as its operators see them
     if inbound:
         velocity, bucket = settings.inbound_velocity(), settings.bucket()
-        fuse = Fuse(store, name="inbound", velocity=velocity, bucket=bucket)
+        fuse = Fuse(store, name="inbound", velocity=velocity, bucket=bucket, secret=secret)
     else:
         velocity, bucket = settings.velocity(), None
-        fuse = Fuse(store, velocity=velocity)
+        fuse = Fuse(store, velocity=velocity, secret=secret)
     replays: dict[str, KeyReplay] = {}
     identities: dict[str, Identity] = {}
     for row in rows:
@@ -268,7 +269,7 @@ def replay(
             identity = identities[row.key] = _identity(row.key, keys)
         seen = replays.get(row.key)
         if seen is None:
-            seen = replays[row.key] = KeyReplay(identity.label, identity.key_id)
+            seen = replays[row.key] = KeyReplay(identity.label, fuse.key_id(identity))
         _count(seen, row, _decide(fuse, identity, row, inbound), inbound)
     ordered = sorted(replays.values(), key=lambda key: (not key.trips, -key.tokens))
     return ReplayResult(ordered, len(rows), velocity, bucket, inbound)

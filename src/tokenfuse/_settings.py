@@ -472,14 +472,16 @@ def default_fuses() -> tuple[Fuse, Fuse]:
         if state.outbound is None or state.inbound is None:
             settings = state.settings
             store = state.store = state.store or settings.store()
+            closed, secret = settings.fail_closed, settings.secret
             state.outbound = Fuse(
-                store, velocity=settings.velocity(), fail_closed=settings.fail_closed
+                store, velocity=settings.velocity(), fail_closed=closed, secret=secret
             )
             state.inbound = Fuse(
                 store,
                 name="inbound",
                 velocity=settings.inbound_velocity(),
                 bucket=settings.bucket(),
-                fail_closed=settings.fail_closed,
+                fail_closed=closed,
+                secret=secret,
             )
         return state.outbound, state.inbound

@@ -17,5 +17,15 @@ A key is named by a plain string (a name the application chose, shown as is) or 
 from ._core.bucket import BucketVerdict
 from ._fuse import Decision, Fuse, Status, default_fuse
 from ._identity import Identity
+from ._stats import FuseStats, UsageCounts
 
-__all__ = ["BucketVerdict", "Decision", "Fuse", "Identity", "Status", "default_fuse"]
+__all__ = [
+    "BucketVerdict",
+    "Decision",
+    "Fuse",
+    "FuseStats",
+    "Identity",
+    "Status",
+    "UsageCounts",
+    "default_fuse",
+]

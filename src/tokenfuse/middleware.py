@@ -12,9 +12,10 @@
     )
 
 Building blocks: ``inbound_fuse`` / ``default_inbound_fuse`` and their velocity policy
-``CALL_VELOCITY``; the identify helpers ``bearer_or_api_key`` (the default) and ``by_header``,
-which read a ``RequestView``; ``Reply``, what a custom ``refusal=`` returns; and
-``report_tokens``, with which a handler reports what it spent when ``count="tokens"``.
+``CALL_VELOCITY``; the identify helpers ``bearer_or_api_key`` (the default), ``by_header`` and
+``verified`` (only known keys are identities of their own), which read a ``RequestView``;
+``Reply``, what a custom ``refusal=`` returns; and ``report_tokens``, with which a handler
+reports what it spent when ``count="tokens"``.
 """
 
 # This module is the public face of _middleware: the names that package exports, no more.

@@ -20,6 +20,14 @@ TOKEN = "test-admin-token-0123456789"
 #: Trips above 1,000 per minute; no cold-start ceiling to get in the way.
 POLICY = VelocityPolicy(limit=1_000, cold_start_limit=None, cooldown=60)
 BUCKET = BucketPolicy(rate=10, capacity=50)
+#: The deployment secret every process of these tests shares (``TOKENFUSE_SECRET``): the key
+#: ids a test derives (``Identity.key_id``) are then the ones its fuses show.
+SECRET = "admin-tests-deployment-secret-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def deployment_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENFUSE_SECRET", SECRET)
 
 
 @pytest.fixture

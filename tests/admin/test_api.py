@@ -17,7 +17,11 @@ from tokenfuse._identity import Identity
 
 pytestmark = pytest.mark.redis
 
-LOOP = Identity.named("agent-loop").key_id
+
+@pytest.fixture
+def loop() -> str:
+    """The key id of ``agent-loop`` under the tests' deployment secret."""
+    return Identity.named("agent-loop").key_id
 
 
 async def trip(fuse: Fuse) -> None:
@@ -26,63 +30,63 @@ async def trip(fuse: Fuse) -> None:
     await settled(fuse)
 
 
-async def test_the_key_table(api: httpx.AsyncClient, other_process: Fuse) -> None:
+async def test_the_key_table(api: httpx.AsyncClient, other_process: Fuse, loop: str) -> None:
     await trip(other_process)
     answer = await api.get("/api/keys")
     assert answer.status_code == 200
     assert answer.headers["cache-control"] == "no-store"
     keys = answer.json()["keys"]
     assert [(k["key_id"], k["state"], k["label"]) for k in keys] == [
-        (LOOP, "open", "agent-loop"),
+        (loop, "open", "agent-loop"),
         (Identity.named("agent-quiet").key_id, "ok", None),
     ]
     assert keys[0]["rate"] == 1_500 and keys[0]["limit"] == 1_000
     only_open = (await api.get("/api/keys", params={"state": "open"})).json()
-    assert [k["key_id"] for k in only_open["keys"]] == [LOOP]
+    assert [k["key_id"] for k in only_open["keys"]] == [loop]
     bad = await api.get("/api/keys", params={"sort": "cost"})
     assert (bad.status_code, bad.json()["type"]) == (400, "ConfigurationError")
 
 
 async def test_a_key_reset_from_the_api_is_closed_for_every_process(
-    api: httpx.AsyncClient, other_process: Fuse
+    api: httpx.AsyncClient, other_process: Fuse, loop: str
 ) -> None:
     await trip(other_process)
     assert not other_process.gate("agent-loop").allowed
 
-    answer = await api.post(f"/api/keys/{LOOP}/reset")
+    answer = await api.post(f"/api/keys/{loop}/reset")
 
-    assert answer.json() == {"ok": True, "key_id": LOOP, "done": "reset"}
+    assert answer.json() == {"ok": True, "key_id": loop, "done": "reset"}
     assert other_process.gate("agent-loop").allowed
-    detail = (await api.get(f"/api/keys/{LOOP}")).json()
+    detail = (await api.get(f"/api/keys/{loop}")).json()
     assert detail["key"]["state"] != "open"
     assert [event["kind"] for event in detail["events"]] == ["tripped", "reset"]
     assert len(detail["window"]) == 13
 
 
 async def test_limits_and_buckets_take_rates_as_people_write_them(
-    api: httpx.AsyncClient, other_process: Fuse
+    api: httpx.AsyncClient, other_process: Fuse, loop: str
 ) -> None:
     await trip(other_process)
-    assert (await api.put(f"/api/keys/{LOOP}/limit", json={"limit": "50k/min"})).status_code == 200
+    assert (await api.put(f"/api/keys/{loop}/limit", json={"limit": "50k/min"})).status_code == 200
     assert other_process.status("agent-loop").limit == 50_000
-    answer = await api.put(f"/api/keys/{LOOP}/bucket", json={"rate": "600/min", "capacity": 20})
+    answer = await api.put(f"/api/keys/{loop}/bucket", json={"rate": "600/min", "capacity": 20})
     assert answer.status_code == 200
     status = other_process.status("agent-loop")
     assert (status.bucket_rate, status.bucket_capacity) == (10.0, 20.0)
-    await api.put(f"/api/keys/{LOOP}/bucket", json={"capacity": None})  # the rate stays
+    await api.put(f"/api/keys/{loop}/bucket", json={"capacity": None})  # the rate stays
     status = other_process.status("agent-loop")
     assert (status.bucket_rate, status.bucket_capacity) == (10.0, 50.0)
-    await api.put(f"/api/keys/{LOOP}/limit", json={"limit": None})
+    await api.put(f"/api/keys/{loop}/limit", json={"limit": None})
     assert other_process.status("agent-loop").limit == 1_000  # the policy's again
 
-    bad = await api.put(f"/api/keys/{LOOP}/limit", json={"limit": "fast"})
+    bad = await api.put(f"/api/keys/{loop}/limit", json={"limit": "fast"})
     assert bad.status_code == 400 and "50k/min" in bad.json()["error"]
-    assert (await api.put(f"/api/keys/{LOOP}/limit", json={})).status_code == 400
-    assert (await api.put(f"/api/keys/{LOOP}/limit", content=b"[1,")).status_code == 400
+    assert (await api.put(f"/api/keys/{loop}/limit", json={})).status_code == 400
+    assert (await api.put(f"/api/keys/{loop}/limit", content=b"[1,")).status_code == 400
 
 
 async def test_unknown_and_ambiguous_keys_and_forgive(
-    api: httpx.AsyncClient, other_process: Fuse
+    api: httpx.AsyncClient, other_process: Fuse, loop: str
 ) -> None:
     await trip(other_process)
     missing = await api.get("/api/keys/abcdef0123")
@@ -91,9 +95,9 @@ async def test_unknown_and_ambiguous_keys_and_forgive(
     assert (credential.status_code, credential.json()["type"]) == (409, "AmbiguousKey")
     assert "0123456789abcdef" not in credential.text
     assert (await api.get("/api/keys/agent-nobody")).status_code == 404
-    assert (await api.get(f"/api/keys/{LOOP}", params={"by": "name"})).status_code == 404
+    assert (await api.get(f"/api/keys/{loop}", params={"by": "name"})).status_code == 404
     assert (await api.get("/api/keys/agent-loop", params={"by": "name"})).status_code == 200
-    forgive = await api.post(f"/api/keys/{LOOP}/forgive")
+    forgive = await api.post(f"/api/keys/{loop}/forgive")
     if hasattr(Fuse, "forgive"):
         assert forgive.status_code == 200
     else:
@@ -158,32 +162,34 @@ async def test_the_page_is_served_without_data_and_locked_down(api: httpx.AsyncC
     [{}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": f"Basic {TOKEN}"}],
 )
 async def test_a_missing_or_wrong_token_is_refused(
-    redis_fuse: Fuse, headers: dict[str, str]
+    redis_fuse: Fuse, headers: dict[str, str], loop: str
 ) -> None:
     async with asgi_client(tokenfuse.admin.app(redis_fuse, token=TOKEN), headers=headers) as client:
         for path in ("/api/keys", "/api/events", "/api/stream", "/metrics", "/api/nothing"):
             answer = await client.get(path)
             assert answer.status_code == 401, path
             assert answer.headers["www-authenticate"] == "Bearer"
-        assert (await client.post(f"/api/keys/{LOOP}/reset")).status_code == 401
+        assert (await client.post(f"/api/keys/{loop}/reset")).status_code == 401
 
 
-async def test_cross_origin_requests_are_refused(redis_fuse: Fuse, other_process: Fuse) -> None:
+async def test_cross_origin_requests_are_refused(
+    redis_fuse: Fuse, other_process: Fuse, loop: str
+) -> None:
     await trip(other_process)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     app = tokenfuse.admin.app(redis_fuse, token=TOKEN)
     async with asgi_client(app, headers=auth) as client:
         evil = await client.post(
-            f"/api/keys/{LOOP}/reset", headers={"Origin": "https://evil.example"}
+            f"/api/keys/{loop}/reset", headers={"Origin": "https://evil.example"}
         )
         assert evil.status_code == 403
         assert not other_process.gate("agent-loop").allowed  # nothing was done
         sibling = await client.post(
-            f"/api/keys/{LOOP}/reset", headers={"Sec-Fetch-Site": "same-site"}
+            f"/api/keys/{loop}/reset", headers={"Sec-Fetch-Site": "same-site"}
         )
         assert sibling.status_code == 403
         own = await client.post(
-            f"/api/keys/{LOOP}/reset", headers={"Origin": "http://127.0.0.1:8787"}
+            f"/api/keys/{loop}/reset", headers={"Origin": "http://127.0.0.1:8787"}
         )
         assert own.status_code == 200
     allowed = tokenfuse.admin.app(redis_fuse, token=TOKEN, allowed_origins=["https://ops.example"])
@@ -230,8 +236,10 @@ async def test_metrics_are_served_behind_the_token(api: httpx.AsyncClient) -> No
     assert "# HELP" in answer.text or "# TYPE" in answer.text
 
 
-async def test_json_numbers_are_finite(api: httpx.AsyncClient, other_process: Fuse) -> None:
+async def test_json_numbers_are_finite(
+    api: httpx.AsyncClient, other_process: Fuse, loop: str
+) -> None:
     await trip(other_process)
-    text = (await api.get(f"/api/keys/{LOOP}")).text
+    text = (await api.get(f"/api/keys/{loop}")).text
     assert "NaN" not in text and "Infinity" not in text
     json.loads(text)

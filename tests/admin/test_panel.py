@@ -20,6 +20,7 @@ from tokenfuse._dashboard.history import MinuteHistory
 from tokenfuse._dashboard.service import Panel
 from tokenfuse._errors import ConfigurationError
 from tokenfuse._identity import Identity
+from tokenfuse._secret import process_secret
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse.admin import AmbiguousKey, KeyNotFound, NotAvailable
 
@@ -260,9 +261,8 @@ def test_a_cluster_lists_and_finds_the_keys_of_every_primary(
     spend(fuse, dict.fromkeys(names, 10.0))
     fuse.record("agent-loop", 5_000)
     raw = redis.cluster.RedisCluster.from_url(cluster_url)
-    owners = {
-        raw.get_node_from_key(f"{prefix}:{{default:{Identity.named(n).key}}}").name for n in names
-    }
+    hashes = [Identity.named(n).keyed(process_secret()).hex for n in names]
+    owners = {raw.get_node_from_key(f"{prefix}:{{default:{hashed}}}").name for hashed in hashes}
     assert owners == {node.name for node in raw.get_primaries()}  # spread over every primary
     raw.close()
 

@@ -50,19 +50,23 @@ def test_trip_event_reaches_hooks_and_log(clock: Clock, caplog: pytest.LogCaptur
         decision = fuse.record(Identity.secret("sk-proj-SECRETSECRET1234"), 500)
     assert decision.tripped
     assert [e.kind for e in events] == ["tripped"]
-    assert events[0].key == "sk-…1234"
+    key_id = fuse.key_id(Identity.secret("sk-proj-SECRETSECRET1234"))
+    assert (events[0].key, events[0].key_id) == ("sk-…1234", key_id)
     assert isinstance(events[0].error, Exception)
-    assert "sk-…1234" in caplog.text
+    assert events[0].error.key_id == key_id
+    assert f"sk-…1234 [id {key_id}]" in caplog.text
     assert "SECRETSECRET" not in caplog.text
 
 
-def test_status_names_the_key_by_its_label(clock: Clock) -> None:
+def test_status_names_the_key_by_its_label_and_id(clock: Clock) -> None:
     fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=100, cooldown=60))
     secret = Identity.secret("sk-proj-SECRETSECRET1234")
-    assert fuse.status(secret) == Status(key="sk-…1234")  # never seen: the defaults
+    key_id = fuse.key_id(secret)
+    assert fuse.status(secret) == Status(key="sk-…1234", key_id=key_id)  # never seen
     assert fuse.record(secret, 500).tripped
     assert fuse.status(secret) == Status(
         key="sk-…1234",
+        key_id=key_id,
         rate=500.0,
         open_until=clock.now + 60,
         limit=100.0,
@@ -145,26 +149,12 @@ def test_fuse_name_is_validated(name: str) -> None:
         Fuse(name=name)
 
 
-@pytest.mark.parametrize(
-    ("secret", "label"),
-    [
-        pytest.param("sk-proj-0123456789abcdef", "sk-…cdef", id="openai"),
-        pytest.param("sk-ant-api03-zzzzzzzzzzzz9876", "sk-…9876", id="anthropic"),
-        pytest.param("AIzaSyD0123456789xyzw", "AIz…xyzw", id="gemini"),
-        pytest.param("short", "…rt", id="short"),
-        pytest.param("", "(empty)", id="empty"),
-    ],
-)
-def test_secrets_are_redacted(secret: str, label: str) -> None:
-    assert Identity.secret(secret).label == label
-
-
 def test_identities_are_bounded_and_printable() -> None:
     huge = "a\x00\n" * 100_000
     identity = Identity.named(huge)
     assert len(identity.label) <= 64
     assert identity.label.isprintable()
-    assert len(identity.key) == 32
+    assert len(Fuse()._key(identity)) == len("default:") + 32
 
 
 @pytest.mark.slow
@@ -172,12 +162,12 @@ def test_a_million_identities_keep_memory_at_the_bound(clock: Clock) -> None:
     store = MemoryStore(max_keys=10_000, clock=clock)
     fuse = Fuse(store)
     for i in range(1_000_000):
-        fuse.record(Identity(key=f"k{i}", label="churn"), 1.0)
+        fuse.record(f"k{i}", 1.0)
         if i % 100_000 == 0:
             clock.advance(1)
     assert len(store) == 10_000
-    assert fuse.status(Identity(key="k999999", label="x")).rate == 1.0  # newest kept
-    assert fuse.status(Identity(key="k0", label="x")).rate == 0.0  # oldest evicted
+    assert fuse.status("k999999").rate == 1.0  # newest kept
+    assert fuse.status("k0").rate == 0.0  # oldest evicted
 
 
 def test_entries_expire_lazily(clock: Clock) -> None:

@@ -81,7 +81,8 @@ def test_loop_on_established_key_trips_as_loop_suspected_within_a_minute(
     assert error.multiple == pytest.approx(10.5, rel=0.05)
     assert error.reason == "loop_suspected"
     assert str(error).startswith("possible agent loop or retry storm: 3,1")
-    assert "the baseline of 300 tokens/min for key agent-7 (blocked for" in str(error)
+    key = f"{KEY} [id {established.key_id(KEY)}]"
+    assert f"the baseline of 300 tokens/min for key {key} (blocked for" in str(error)
 
 
 def test_same_loop_on_a_new_key_hits_the_cold_start_ceiling(clock: Clock) -> None:

@@ -9,7 +9,6 @@ import openai
 import pytest
 from agents import (
     Agent,
-    MaxTurnsExceeded,
     ModelSettings,
     Runner,
     function_tool,
@@ -76,16 +75,13 @@ async def test_streamed_agent_loop_is_stopped(api: str, server: AgentServer, api
     assert all(hit.stream for hit in server.hits if hit.credential == api_key)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=MaxTurnsExceeded,
-    reason="the SDK asks a Chat Completions stream for usage only on OpenAI's own URL, and "
-    "FuseTransport does not ask for it yet: without ModelSettings(include_usage=True) the "
-    "stream is not counted",
-)
 @pytest.mark.parametrize("api", ["chat_completions"], indirect=True)
-async def test_chat_completions_stream_is_counted_without_settings(api: str) -> None:
-    result = Runner.run_streamed(AGENT, "find it", max_turns=10)
+async def test_chat_completions_stream_is_counted_without_settings(
+    api: str, server: AgentServer, api_key: str
+) -> None:
+    # The SDK asks for usage only on OpenAI's own URL; FuseTransport asks for it everywhere.
+    result = Runner.run_streamed(AGENT, "find it", max_turns=MAX_TURNS)
     with pytest.raises(CeilingExceeded):
         async for _ in result.stream_events():
             pass
+    assert server.count(api_key) == UNTIL_TRIP

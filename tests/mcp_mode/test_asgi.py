@@ -20,7 +20,7 @@ from tokenfuse._middleware.mcp import McpMode, ToolFailures
 from tokenfuse._middleware.mcp.keys import tool_key
 
 Message = MutableMapping[str, Any]
-KEY = "sk-mcp-test-0001"
+KEY = "sk-mcp-test-key-0001"  # long enough for its label to show the tail
 
 
 class ToolServer:
@@ -263,7 +263,8 @@ async def test_each_tool_has_its_own_velocity_key_named_in_the_refusal(clock: Cl
 
     assert app.executed == ["refund", "refund"] + ["lookup"] * 5
     text = statuses[2]["result"]["content"][0]["text"]
-    assert "for key sk-…0001 tool refund" in text
+    tool_id = gate.tools.key_id(tool_key(_identity(), refund))
+    assert f"for key sk-…0001 tool refund [id {tool_id}]" in text
     assert lookups == [200] * 5
 
 

@@ -79,7 +79,7 @@ def test_refund_at_cost_5_admits_a_fifth_as_many_as_lookup(server_v2: McpServer)
     started = [
         start(client, server_v2.url, "loop", "--tool", tool, "--args", arguments,
               "--limit", "200")
-        for client in ("v2-legacy", "v1")
+        for client in ("v1", "v2-legacy")  # v1 first: see CLIENTS
         for tool, arguments in (("lookup", '{"q": "x"}'), ("refund", REFUND))
     ]  # fmt: skip
     admitted = [finish(one)["counts"]["ok"] for one in started]

@@ -44,8 +44,10 @@ def test_allowed_calls_carry_the_ratelimit_headers(
 def test_a_burst_over_capacity_is_refused_with_the_exact_body_and_headers(
     serve: Callable[..., Call], make_fuse: Callable[..., Fuse]
 ) -> None:
-    call = serve(fuse=make_fuse())
+    fuse = make_fuse()
+    call = serve(fuse=fuse)
     burst(call, 50)
+    key_id = fuse.key_id(Identity.secret(TOKEN))
 
     refused = call("POST", "/tools/refund", AUTH)
 
@@ -53,11 +55,11 @@ def test_a_burst_over_capacity_is_refused_with_the_exact_body_and_headers(
     assert refused.json() == {
         "type": "quota_exhausted",
         "message": (
-            "call quota exhausted for key sk-…0001: the bucket of 50 calls refills at 10/s "
-            "(retry in 0.10 s)"
+            f"call quota exhausted for key sk-…0001 [id {key_id}]: the bucket of 50 calls "
+            "refills at 10/s (retry in 0.10 s)"
         ),
         "key": "sk-…0001",
-        "key_id": Identity.secret(TOKEN).key_id,
+        "key_id": key_id,
         "unit": "calls",
         "rate": 10.0,
         "limit": 50.0,
@@ -98,6 +100,7 @@ def test_a_live_ceiling_trips_the_velocity_check_on_a_tool_endpoint(
     call = serve(fuse=fuse)
     fuse.set_limit(Identity.secret(TOKEN), "20/minute")  # live, e.g. from an admin console
     burst(call, 20)
+    key_id = fuse.key_id(Identity.secret(TOKEN))
 
     tripped = call("POST", "/tools/refund", AUTH)
 
@@ -106,10 +109,10 @@ def test_a_live_ceiling_trips_the_velocity_check_on_a_tool_endpoint(
         "type": "manual_ceiling",
         "message": (
             "rate over the ceiling: 21 calls/min is above 20 calls/min for key "
-            "sk-…0001 (blocked for 60 s)"
+            f"sk-…0001 [id {key_id}] (blocked for 60 s)"
         ),
         "key": "sk-…0001",
-        "key_id": Identity.secret(TOKEN).key_id,
+        "key_id": key_id,
         "unit": "calls",
         "rate": 21.0,
         "limit": 20.0,
@@ -164,7 +167,8 @@ def test_shadow_mode_decides_and_reports_but_never_refuses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("tokenfuse._throttle.monotonic", lambda: 1000.0)  # log throttle
-    call = serve(fuse=make_fuse(), shadow=True)
+    fuse = make_fuse()
+    call = serve(fuse=fuse, shadow=True)
     burst(call, 50)
 
     with caplog.at_level(logging.WARNING, logger="tokenfuse.middleware"):
@@ -179,7 +183,7 @@ def test_shadow_mode_decides_and_reports_but_never_refuses(
     [record] = [r for r in caplog.records if "shadow mode" in r.getMessage()]
     assert record.levelno == logging.WARNING
     assert "quota_exhausted" in record.getMessage()
-    assert "sk-…0001" in record.getMessage()
+    assert f"sk-…0001 [id {fuse.key_id(Identity.secret(TOKEN))}]" in record.getMessage()
 
 
 def test_excluded_routes_are_neither_counted_nor_refused(
@@ -285,8 +289,11 @@ def test_near_limit_alert_fires_once_per_episode_to_hooks_and_log(
         hot(8)
 
     assert [e.kind for e in events] == ["near_limit", "near_limit"]
-    assert events[0].key == "sk-…0001"
-    assert len([r for r in caplog.records if r.getMessage().startswith("near_limit")]) == 2
+    key_id = fuse.key_id(Identity.secret(TOKEN))
+    assert (events[0].key, events[0].key_id) == ("sk-…0001", key_id)
+    near = [r.getMessage() for r in caplog.records if r.getMessage().startswith("near_limit")]
+    assert len(near) == 2
+    assert f"key sk-…0001 [id {key_id}] has used over" in near[0]
 
 
 def test_a_fuse_without_bucket_sends_retry_after_but_no_quota_headers(

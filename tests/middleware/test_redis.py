@@ -61,6 +61,7 @@ def test_two_processes_sharing_one_redis_enforce_one_bucket(redis_url: str, pref
         "SHARED_PREFIX": prefix,
         "SHARED_RATE": str(rate),
         "SHARED_CAPACITY": str(capacity),
+        "TOKENFUSE_SECRET": "one-secret-for-every-process-of-the-test",  # one bucket needs it
     }
     asgi_port, wsgi_port = free_port(), free_port()
     uvicorn = ["-m", "uvicorn", "tests.middleware.shared_app:asgi_app", "--port", str(asgi_port)]

@@ -44,9 +44,11 @@ def test_reported_tokens_trip_the_next_call(serve: Callable[..., Call], token_fu
     assert body["type"] == "manual_ceiling"
     assert body["unit"] == "tokens"
     assert (body["rate"], body["limit"]) == (1200.0, 1000.0)
+    key_id = token_fuse.key_id(WHO)
+    assert body["key_id"] == key_id
     assert body["message"] == (
         "rate over the ceiling: 1,200 tokens/min is above 1,000 tokens/min for key "
-        "sk-…0001 (blocked for 60 s)"
+        f"sk-…0001 [id {key_id}] (blocked for 60 s)"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -53,6 +54,37 @@ def test_malformed_cost_headers_cost_one_call_and_break_nothing(
 
     assert reply.status == 200
     assert reply.headers["ratelimit"] == '"default";r=49;t=1'
+
+
+@pytest.mark.parametrize("value", ["nan", "-3", "1e999", "-inf"])
+def test_a_bad_per_request_cost_is_logged_once_not_silently_charged_as_one(
+    serve: Callable[..., Call],
+    make_fuse: Callable[..., Fuse],
+    caplog: pytest.LogCaptureFixture,
+    value: str,
+) -> None:
+    call = serve(fuse=make_fuse(), cost=header_cost)
+
+    with caplog.at_level(logging.WARNING, logger="tokenfuse.middleware"):
+        for bad in (value, "nan", "-1", "-2", "inf"):  # a caller varying the bad value
+            assert call("POST", "/tools/refund", {**AUTH, "x-cost": bad}).status == 200
+
+    [line] = [r.getMessage() for r in caplog.records if "cost function" in r.getMessage()]
+    assert f"returned {float(value)!r}, not a finite, non-negative number" in line
+    assert "header_cost" in line
+
+
+def test_a_tiers_function_returning_no_policy_is_logged_once(
+    serve: Callable[..., Call], make_fuse: Callable[..., Fuse], caplog: pytest.LogCaptureFixture
+) -> None:
+    call = serve(fuse=make_fuse(), tiers=lambda request, identity: {"rate": 5})
+
+    with caplog.at_level(logging.WARNING, logger="tokenfuse.middleware"):
+        replies = [call("POST", "/tools/refund", AUTH) for _ in range(3)]
+
+    assert [reply.headers["ratelimit"] for reply in replies][-1] == '"default";r=47;t=1'
+    [line] = [r.getMessage() for r in caplog.records if "tiers function" in r.getMessage()]
+    assert "not a BucketPolicy or None" in line
 
 
 def test_an_absurd_cost_is_refused_with_sane_headers(
@@ -129,6 +161,8 @@ def test_broken_option_callables_never_turn_into_500s(
         pytest.param({"count": "dollars"}, "count must be", id="count"),
         pytest.param({"anonymous": "deny"}, "anonymous must be", id="anonymous"),
         pytest.param({"cost": -1}, "cost must be", id="negative-cost"),
+        pytest.param({"cost": float("inf")}, "cost must be", id="infinite-cost"),
+        pytest.param({"cost": {"/a": -2}}, "cost must be", id="negative-route-cost"),
         pytest.param({"cost": {"/a": float("nan")}}, "cost must be", id="nan-route-cost"),
         pytest.param({"exclude": "/health"}, "list of paths", id="exclude-string"),
         pytest.param({"policy_name": 'x"y'}, "policy_name", id="policy-name"),

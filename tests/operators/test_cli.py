@@ -19,7 +19,9 @@ from tokenfuse.config import Settings
 from tokenfuse.fuse import Identity
 
 SECRET = "sk-live-0123456789abcdefCLI9"
+DEPLOYMENT_SECRET = "the deployment's secret, 32 chars+"
 ROOT = Path(__file__).resolve().parents[2]
+SECRET_ID = Fuse(secret=DEPLOYMENT_SECRET).key_id(Identity.secret(SECRET))
 
 pytestmark = pytest.mark.redis
 
@@ -32,10 +34,11 @@ def deployment(redis_url: str, redis_prefix: str) -> Iterator[dict[str, str]]:
         "TOKENFUSE_REDIS_URL": redis_url,
         "TOKENFUSE_REDIS_PREFIX": redis_prefix,
         "TOKENFUSE_LIMIT": "10k/min",
+        "TOKENFUSE_SECRET": DEPLOYMENT_SECRET,
     }
     store = RedisStore.from_url(redis_url, prefix=redis_prefix)
-    outbound = Fuse(store, velocity=VelocityPolicy(limit=10_000))
-    inbound = Fuse(store, name="inbound", bucket=FREE)
+    outbound = Fuse(store, velocity=VelocityPolicy(limit=10_000), secret=DEPLOYMENT_SECRET)
+    inbound = Fuse(store, name="inbound", bucket=FREE, secret=DEPLOYMENT_SECRET)
     for n in range(1, 8):
         outbound.record(f"agent-{n}", 1_200.0 * n)  # agent-7: 8,400 of 10,000, near
     outbound.record(Identity.secret(SECRET), 12_000)
@@ -77,7 +80,7 @@ def test_status_lists_every_key_with_its_state(deployment: dict[str, str]) -> No
     done = tokenfuse(deployment, "status")
     assert done.returncode == 0, done.stderr
     assert "9 keys: 1 open, 1 near, 7 ok, 0 idle" in done.stdout
-    assert Identity.secret(SECRET).key_id in done.stdout
+    assert SECRET_ID in done.stdout
     assert SECRET not in done.stdout
 
 
@@ -93,7 +96,7 @@ def test_top_once_sorts_and_json_is_data(deployment: dict[str, str]) -> None:
 
 
 def test_blocked_then_reset_by_key_id(deployment: dict[str, str]) -> None:
-    key_id = Identity.secret(SECRET).key_id
+    key_id = SECRET_ID
     blocked = json.loads(tokenfuse(deployment, "--json", "blocked").stdout)
     assert [key["key_id"] for key in blocked] == [key_id]
     done = tokenfuse(deployment, "reset", key_id)

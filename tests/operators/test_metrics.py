@@ -198,7 +198,7 @@ def test_per_key_series_only_for_the_allow_list_and_the_busiest(
         if line.startswith("tokenfuse_key_rate{")
     }
     assert series == {"agent-39", "agent-38", "agent-listed"}
-    listed = Identity.named("agent-listed").key_id
+    listed = fuse.key_id("agent-listed")
     assert (
         scrape.value("tokenfuse_key_rate", fuse="default", key_id=listed, key="agent-listed") == 1.0
     )
@@ -323,3 +323,18 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones(
         for name in re.findall(r"tokenfuse_[a-z_]+", dashboard)
     }
     assert used - {"tokenfuse"} <= exposed
+
+
+def test_a_fuse_works_where_opentelemetry_is_not_installed() -> None:
+    # find_spec("opentelemetry.metrics") raises, rather than answering None, when the parent
+    # package is missing: the first Fuse of such a process must not.
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "from tokenfuse import Fuse\n"
+        "print(Fuse().record('agent', 5).allowed)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

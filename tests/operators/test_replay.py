@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tokenfuse import Fuse
 from tokenfuse.config import Settings
 from tokenfuse.fuse import Identity
 from tokenfuse.replay import UsageRow, read_usage, replay, replay_file
@@ -41,11 +42,13 @@ def write_csv(path: Path, rows: list[UsageRow], time_column: str = "timestamp") 
 
 
 def test_a_month_replayed_finds_the_loop_when_it_started(tmp_path: Path) -> None:
-    result = replay_file(write_csv(tmp_path / "usage.csv", a_month()), Settings())
+    settings = Settings().updated(secret="the deployment's secret, 32 chars+")
+    result = replay_file(write_csv(tmp_path / "usage.csv", a_month()), settings)
     assert result.rows == 2 * 30 * 24 * 12 + 200 and result.skipped == 0
     looping, steady = result.keys
     assert (steady.key, steady.trips) == ("agent-steady", [])
-    assert (looping.key, looping.key_id) == ("sk-…QRST", Identity.secret(SECRET).key_id)
+    deployment = Fuse(secret="the deployment's secret, 32 chars+")
+    assert (looping.key, looping.key_id) == ("sk-…QRST", deployment.key_id(Identity.secret(SECRET)))
     first = looping.trips[0]
     loop_start = START + 20 * 86_400 + 13
     assert first.reason == "loop_suspected"

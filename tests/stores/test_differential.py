@@ -40,6 +40,7 @@ from tokenfuse._stores.ops import (
     Op,
     ReadStatus,
     Record,
+    RecordBatch,
     Reset,
 )
 from tokenfuse._stores.redis import RedisStore
@@ -90,10 +91,14 @@ overrides = st.just(UNSET) | st.none() | st.floats(0.5, 5_000, **finite)
 def operations(draw: st.DrawFn, keys: int) -> tuple[Any, ...]:
     key = KEYS[draw(st.integers(0, keys - 1))]
     kind = draw(
-        st.sampled_from(["record"] * 6 + ["gate"] * 2 + ["admit"] * 4 + ["reset", "configure"])
+        st.sampled_from(
+            ["record"] * 6 + ["gate"] * 2 + ["admit"] * 4 + ["reset", "configure", "batch"]
+        )
     )
     if kind == "record":
         return kind, key, draw(amounts)
+    if kind == "batch":
+        return kind, key, tuple(draw(st.lists(amounts, min_size=1, max_size=5)))
     if kind == "admit":
         cost = draw(st.sampled_from([0.0, 1.0, 1.0, 2.5]))
         amount = draw(st.just(0.0) | amounts)
@@ -130,6 +135,8 @@ def operation(drawn: tuple[Any, ...], scenario: Scenario) -> Op[Any]:
     kind, key, *args = drawn
     if kind == "record":
         return Record(key, args[0], scenario.velocity)
+    if kind == "batch":
+        return RecordBatch(key, args[0], scenario.velocity)
     if kind == "gate":
         return Gate(key)
     if kind == "admit":

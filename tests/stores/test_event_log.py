@@ -27,6 +27,13 @@ from tokenfuse.stores import StoreHealth
 CEILING = VelocityPolicy(limit=1_000, cooldown=30)
 
 
+@pytest.fixture(autouse=True)
+def deployment_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One secret for every process (``TOKENFUSE_SECRET``): ``Identity.key_id`` is then the
+    id the fuses show."""
+    monkeypatch.setenv("TOKENFUSE_SECRET", "event-log-tests-secret-0123456789")
+
+
 @pytest.fixture
 def prefix(redis_url: str) -> Iterator[str]:
     name = f"tf-ev-{uuid.uuid4().hex[:8]}"
@@ -75,7 +82,7 @@ def test_resets_and_live_changes_are_logged_for_everyone(redis_url: str, prefix:
     ]
     details = [e.detail for e in there.store.events.recent(3)]
     assert "manual ceiling 50,000 tokens/min" in details[0]
-    assert "bucket rate 10/s" in details[1] and "bucket capacity back to the policy" in details[1]
+    assert "bucket refill 10/s" in details[1] and "bucket capacity back to the policy" in details[1]
 
 
 def test_reading_after_an_id_and_since_a_time(redis_url: str, prefix: str) -> None:

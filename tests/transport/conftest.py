@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import random
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -18,6 +19,7 @@ from tests.conftest import Clock
 from tokenfuse import Fuse, Identity, MemoryStore, VelocityPolicy
 
 from .bodies import Case
+from .llm_server import LLMServer
 
 LIBRARIES = [pytest.param(httpx, id="httpx"), pytest.param(httpx2, id="httpx2")]
 
@@ -26,6 +28,19 @@ LIBRARIES = [pytest.param(httpx, id="httpx"), pytest.param(httpx2, id="httpx2")]
 def lib(request: pytest.FixtureRequest) -> ModuleType:
     module: ModuleType = request.param
     return module
+
+
+@pytest.fixture(scope="module")
+def llm_server() -> Iterator[LLMServer]:
+    """The stub OpenAI-compatible server on loopback, one per test module."""
+    with LLMServer() as running:
+        yield running
+
+
+@pytest.fixture
+def api_key() -> str:
+    """An API key of the test's own, so that tests sharing a fuse stay apart."""
+    return f"sk-test-{uuid.uuid4().hex}"
 
 
 @pytest.fixture

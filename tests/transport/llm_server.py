@@ -2,9 +2,16 @@
 
 It answers ``POST /v1/chat/completions`` with a JSON body or (``"stream": true``) an SSE stream
 sent with chunked transfer encoding, one event per write; compressed with gzip when the client
-accepts it (flushed per event, as real APIs do). With ``"pause": true`` it sends the first event,
-then waits until the test releases it: a transport that held chunks back would never let the
-client see that first event.
+accepts it (flushed per event, as real APIs do). As OpenAI does, a stream reports its usage only
+when the request asks with ``"stream_options": {"include_usage": true}``: then every chunk has
+``"usage": null`` and a last chunk with empty ``choices`` holds the usage. A ``strict`` server
+refuses any ``stream_options`` with a 400 naming the field, as servers that validate fields do.
+With ``"pause": true`` it sends the first event, then waits until the test releases it: a
+transport that held chunks back would never let the client see that first event.
+
+The prompt is counted as a tokenizer roughly would: one token per word of the messages' text,
+plus 4 per message (``PROMPT_TOKENS`` for a request without messages); each streamed chunk is
+one completion token.
 """
 
 from __future__ import annotations
@@ -24,7 +31,24 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+_JSON = [(b"content-type", b"application/json")]
 PROMPT_TOKENS = 12
+STRICT_ERROR = {
+    "error": {
+        "message": "Unrecognized request argument supplied: stream_options",
+        "type": "invalid_request_error",
+        "param": "stream_options",
+    }
+}
+
+
+def prompt_tokens(request: dict[str, Any]) -> int:
+    """What the stub bills for a prompt: 1 token per word of the messages, 4 per message."""
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        return PROMPT_TOKENS
+    words = sum(len(str(message.get("content", "")).split()) for message in messages)
+    return words + 4 * len(messages)
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -37,11 +61,11 @@ async def read_body(receive: Receive) -> bytes:
             return body
 
 
-def chat_body(completion_tokens: int) -> bytes:
+def chat_body(completion_tokens: int, prompt: int = PROMPT_TOKENS) -> bytes:
     usage = {
-        "prompt_tokens": PROMPT_TOKENS,
+        "prompt_tokens": prompt,
         "completion_tokens": completion_tokens,
-        "total_tokens": PROMPT_TOKENS + completion_tokens,
+        "total_tokens": prompt + completion_tokens,
     }
     return json.dumps(
         {
@@ -54,18 +78,27 @@ def chat_body(completion_tokens: int) -> bytes:
     ).encode()
 
 
-def chat_events(chunks: int) -> list[bytes]:
-    """``chunks`` content events, then the usage event (``include_usage``), then [DONE]."""
+def _chunk(payload: dict[str, Any]) -> bytes:
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "stub"}
+    return b"data: " + json.dumps({**base, **payload}).encode() + b"\n\n"
+
+
+def chat_events(chunks: int, *, usage: bool = True, prompt: int = PROMPT_TOKENS) -> list[bytes]:
+    """``chunks`` content events, then (``usage``: as asked with ``include_usage``) the usage
+    event, then [DONE]."""
     events = []
     for n in range(chunks):
-        delta = {"choices": [{"index": 0, "delta": {"content": f"tok{n} "}}], "usage": None}
-        events.append(b"data: " + json.dumps(delta).encode() + b"\n\n")
-    usage = {
-        "prompt_tokens": PROMPT_TOKENS,
-        "completion_tokens": chunks,
-        "total_tokens": PROMPT_TOKENS + chunks,
-    }
-    events.append(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        delta: dict[str, Any] = {"choices": [{"index": 0, "delta": {"content": f"tok{n} "}}]}
+        if usage:
+            delta["usage"] = None
+        events.append(_chunk(delta))
+    if usage:
+        counts = {
+            "prompt_tokens": prompt,
+            "completion_tokens": chunks,
+            "total_tokens": prompt + chunks,
+        }
+        events.append(_chunk({"choices": [], "usage": counts}))
     events.append(b"data: [DONE]\n\n")
     return events
 
@@ -73,10 +106,13 @@ def chat_events(chunks: int) -> list[bytes]:
 class LLMServer:
     """The app and its server thread. ``release`` lets a paused stream go on."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, strict: bool = False) -> None:
+        self.strict = strict
         self.release = threading.Event()
         self.released_in_time: list[bool] = []
         self.requests = 0
+        self.bodies: list[bytes] = []  # as received
+        self.billed: list[int] = []  # the total tokens of each answer, reported or not
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
@@ -111,8 +147,15 @@ class LLMServer:
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         self.requests += 1
-        options = json.loads(await read_body(receive) or b"{}")
+        body = await read_body(receive)
+        self.bodies.append(body)
+        options = json.loads(body or b"{}")
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        if self.strict and "stream_options" in options:
+            error = json.dumps(STRICT_ERROR).encode()
+            await send({"type": "http.response.start", "status": 400, "headers": _JSON})
+            await send({"type": "http.response.body", "body": error})
+            return
         gzip_it = "gzip" in headers.get("accept-encoding", "") and options.get("gzip", True)
         compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS) if gzip_it else None
 
@@ -129,11 +172,17 @@ class LLMServer:
         if compressor is not None:
             response_headers.append((b"content-encoding", b"gzip"))
         await send({"type": "http.response.start", "status": 200, "headers": response_headers})
+        prompt = prompt_tokens(options)
         if not stream:
-            payload = chat_body(int(options.get("tokens", 30)))
+            tokens = int(options.get("tokens", 30))
+            self.billed.append(prompt + tokens)
+            payload = chat_body(tokens, prompt)
             await send({"type": "http.response.body", "body": encode(payload, last=True)})
             return
-        events = chat_events(int(options.get("chunks", 20)))
+        chunks = int(options.get("chunks", 20))
+        self.billed.append(prompt + chunks)
+        asked = (options.get("stream_options") or {}).get("include_usage") is True
+        events = chat_events(chunks, usage=asked, prompt=prompt)
         for number, event in enumerate(events):
             await send({"type": "http.response.body", "body": encode(event), "more_body": True})
             if number == 0 and options.get("pause"):

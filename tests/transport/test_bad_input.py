@@ -169,7 +169,7 @@ class BrokenRegistry:
 def test_a_failing_extractor_is_contained_and_logged_once(
     lib: ModuleType, fuse: Fuse, where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    meter._logged.clear()
+    meter._failures_logged.clear()
     caplog.set_level(logging.WARNING, logger="tokenfuse")
     registry: Any
     if where == "registry":
@@ -190,5 +190,16 @@ def test_a_failing_extractor_is_contained_and_logged_once(
         else:
             assert usage.total is None
             assert "failed" in (usage.problem or "")
-    logged = [r for r in caplog.records if r.name == "tokenfuse"]
-    assert len(logged) <= 1 if where == "reader_for" else len(logged) == 1
+    logged = [r.getMessage() for r in caplog.records if r.name == "tokenfuse"]
+    if where == "reader_for":
+        assert logged == []
+        return
+    # The three unknown calls are counted, and reported once (not once per call).
+    assert fuse.stats.usage.unknown == 3
+    assert [m for m in logged if m.startswith("usage_unknown")] == [logged[-1]]
+    assert "(1 so far, 1 since the last report)" in logged[-1]  # the first, at once
+    if where == "registry":  # the registry's own failure is logged with its traceback, once
+        assert len(logged) == 2
+        assert caplog.records[0].exc_info is not None
+    else:
+        assert len(logged) == 1

@@ -274,14 +274,37 @@ def test_a_refusal_still_pickles_as_the_plain_tokenfuse_error(clock: Clock) -> N
     fuse = trained_fuse(clock, "agent-1")
     for _ in range(11):
         fuse.record("agent-1", 1_000)
-    server = ChunkServer(httpx2, CHAT)
+    server = ChunkServer(httpx2, STREAM)
     with (
         httpx2.Client(transport=FuseTransport(server.transport(), fuse=fuse, key="agent-1")) as c,
         pytest.raises(LoopSuspected) as refused,
     ):
-        post(c)
+        c.post(STREAM.url, headers={"User-Agent": "Anthropic/Python 2.14.0"}, content=b"{}")
     error = refused.value
     assert isinstance(error, anthropic.AnthropicError)  # so anthropic lets it through as is
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is LoopSuspected
     assert (str(copy), copy.as_dict()) == (str(error), error.as_dict())
+
+
+async def test_a_sync_transport_in_an_async_client_names_the_async_one(lib: ModuleType) -> None:
+    named = r"use AsyncFuseTransport with httpx\.AsyncClient"
+    client = lib.AsyncClient(transport=FuseTransport(fuse=Fuse()))
+    with pytest.raises(ConfigurationError, match=named):
+        await client.post(CHAT.url, content=b"{}")
+    await client.aclose()  # closing does not raise again
+    with pytest.raises(ConfigurationError, match=named):
+        async with lib.AsyncClient(transport=FuseTransport(fuse=Fuse())):
+            pass
+
+
+def test_an_async_transport_in_a_sync_client_names_the_sync_one(lib: ModuleType) -> None:
+    client = lib.Client(transport=AsyncFuseTransport(fuse=Fuse()))
+    with pytest.raises(ConfigurationError, match=r"use FuseTransport with httpx\.Client"):
+        client.post(CHAT.url, content=b"{}")
+    client.close()
+    with (
+        pytest.raises(ConfigurationError, match="AsyncFuseTransport is an async transport"),
+        lib.Client(transport=AsyncFuseTransport(fuse=Fuse())),
+    ):
+        pass

@@ -47,11 +47,11 @@ def report_of(
         ),
         pytest.param(
             {"x-goog-api-key": "AIzaSyA-1234567890"}, URL,
-            "AIzaSyA-1234567890", "AIz…7890", id="x-goog-api-key",
+            "AIzaSyA-1234567890", "AIz…", id="x-goog-api-key",  # too short to show a tail
         ),
         pytest.param(
             None, URL + "?alt=sse&key=AIzaSyB-0987654321",
-            "AIzaSyB-0987654321", "AIz…4321", id="query-key",
+            "AIzaSyB-0987654321", "AIz…", id="query-key",
         ),
         pytest.param(
             {

@@ -7,8 +7,9 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import Clock
-from tokenfuse import Fuse, LoopSuspected
+from tokenfuse import Fuse, Identity, LoopSuspected
 from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_codec import key_of
 from tokenfuse._transport import AsyncFuseTransport, FuseTransport
 
 from .bodies import CASES
@@ -27,6 +28,15 @@ def process_fuse(redis_url: str, prefix: str, clock: Clock) -> Fuse:
 def store_of(fuse: Fuse) -> RedisStore:
     assert isinstance(fuse.store, RedisStore)
     return fuse.store
+
+
+def learned(fuse: Fuse, key: str) -> None:
+    """Wait (bounded) until the fuse's open-key view has heard that ``key`` opened elsewhere:
+    another process learns a trip within milliseconds, not at once."""
+    view = store_of(fuse).open_keys
+    assert view is not None
+    full = key_of(store_of(fuse).prefix, fuse._key(Identity.of(key)))
+    assert view.wait_until(lambda v: not v.trusted or full in v._open, 5.0)
 
 
 def train(fuse: Fuse, clock: Clock) -> None:
@@ -50,6 +60,8 @@ def test_a_trip_in_one_process_refuses_the_other(
     else:
         pytest.fail(f"the shared key did not trip in {2 * MAX_ROUNDS} calls")
     sent = len(server.requests)
+    for fuse in (one, two):
+        learned(fuse, "agent-1")
     for client in (first, second):
         with pytest.raises(LoopSuspected):
             client.post(CASE.url)

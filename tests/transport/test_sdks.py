@@ -2,7 +2,8 @@
 
 What the SDKs do with an exception raised inside their transport is checked here too (see
 ``tokenfuse._transport.refusal``): openai re-raises it as is; anthropic would wrap it in
-``APIConnectionError`` and retry, unless it is an ``AnthropicError``, which refusals are.
+``APIConnectionError`` and retry, unless it is an ``AnthropicError``, which refusals of its
+own requests are (and refusals of any other request are not).
 """
 
 from __future__ import annotations
@@ -262,3 +263,46 @@ def test_without_the_transport_the_sdk_hides_a_transport_error(fuse: Fuse) -> No
     oa = openai.OpenAI(api_key=OPENAI_KEY, http_client=httpx2.Client(transport=Raising()))
     with pytest.raises(ValueError, match="from the transport"):
         ask_openai(oa)  # openai 3.x: as it is, and not retried
+
+
+def refused_openai_call(clock: Clock) -> BaseException:
+    fuse = trained_fuse(clock, Identity.secret(OPENAI_KEY), per_minute=400)
+    for _ in range(11):
+        fuse.record(Identity.secret(OPENAI_KEY), 400)
+    client = openai_client(fuse, LLMStub())
+    try:
+        ask_openai(client)
+    except anthropic.AnthropicError:  # an openai agent's fallback for a Claude backup, say
+        pytest.fail("an AnthropicError handler caught a refusal of an openai call")
+    except LoopSuspected as exc:
+        return exc
+    pytest.fail("the call was not refused")
+
+
+def test_an_openai_refusal_is_the_plain_tokenfuse_error(clock: Clock) -> None:
+    assert type(refused_openai_call(clock)) is LoopSuspected
+
+
+def test_only_the_anthropic_sdk_gets_the_anthropic_compatible_refusal() -> None:
+    seen: list[Any] = []
+
+    def keep(request: Any) -> Any:
+        seen.append(request)
+        return httpx2.Response(200, json={})
+
+    transport = httpx2.MockTransport(keep)
+    for client in (
+        anthropic.Anthropic(api_key=ANTHROPIC_KEY, http_client=httpx2.Client(transport=transport)),
+        openai.OpenAI(api_key=OPENAI_KEY, http_client=httpx2.Client(transport=transport)),
+    ):
+        client.get("/v1/models", cast_to=object)
+    from_anthropic, from_openai = (request.headers for request in seen)
+    assert refusal.through_anthropic_sdk(from_anthropic)
+    assert not refusal.through_anthropic_sdk(from_openai)
+    assert not refusal.through_anthropic_sdk(httpx2.Headers({"anthropic-version": "2023-06-01"}))
+    # The SDK's own headers tell, even when the user agent was replaced.
+    custom = httpx2.Headers({**from_anthropic, "user-agent": "my-agent/1.0"})
+    assert refusal.through_anthropic_sdk(custom)
+    # openai's SDK sent to an Anthropic-compatible endpoint is still openai's.
+    compatible = httpx2.Headers({**from_openai, "anthropic-version": "2023-06-01"})
+    assert not refusal.through_anthropic_sdk(compatible)

@@ -6,8 +6,6 @@ the process-wide embedded fuse on top (each test uses its own API key to stay ap
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -18,28 +16,17 @@ from tokenfuse._transport import AsyncFuseTransport, FuseReport, FuseTransport
 from .llm_server import PROMPT_TOKENS, LLMServer, chat_events
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LLMServer]:
-    with LLMServer() as running:
-        yield running
-
-
-@pytest.fixture
-def api_key() -> str:
-    return f"sk-server-{uuid.uuid4().hex}"
-
-
 def rate(api_key: str) -> float:
     return default_fuse().status(Identity.secret(api_key)).rate
 
 
 @pytest.mark.parametrize("gzip", [True, False], ids=["gzip", "identity"])
 def test_json_over_real_sockets(
-    lib: ModuleType, server: LLMServer, api_key: str, gzip: bool
+    lib: ModuleType, llm_server: LLMServer, api_key: str, gzip: bool
 ) -> None:
     with lib.Client(transport=FuseTransport()) as client:
         response = client.post(
-            server.url,
+            llm_server.url,
             headers={"Authorization": f"Bearer {api_key}"},
             json={"tokens": 30, "gzip": gzip},
         )
@@ -53,13 +40,13 @@ def test_json_over_real_sockets(
 
 @pytest.mark.parametrize("gzip", [True, False], ids=["gzip", "identity"])
 def test_chunked_sse_stream_over_real_sockets(
-    lib: ModuleType, server: LLMServer, api_key: str, gzip: bool
+    lib: ModuleType, llm_server: LLMServer, api_key: str, gzip: bool
 ) -> None:
     with (
         lib.Client(transport=FuseTransport()) as client,
         client.stream(
             "POST",
-            server.url,
+            llm_server.url,
             headers={"Authorization": f"Bearer {api_key}"},
             json={"stream": True, "chunks": 300, "gzip": gzip},
         ) as response,
@@ -71,12 +58,12 @@ def test_chunked_sse_stream_over_real_sockets(
 
 
 async def test_async_clients_over_real_sockets(
-    lib: ModuleType, server: LLMServer, api_key: str
+    lib: ModuleType, llm_server: LLMServer, api_key: str
 ) -> None:
     headers = {"Authorization": f"Bearer {api_key}"}
     async with lib.AsyncClient(transport=AsyncFuseTransport(), headers=headers) as client:
-        await client.post(server.url, json={"tokens": 5})
-        async with client.stream("POST", server.url, json={"stream": True, "chunks": 50}) as r:
+        await client.post(llm_server.url, json={"tokens": 5})
+        async with client.stream("POST", llm_server.url, json={"stream": True, "chunks": 50}) as r:
             async for _ in r.aiter_bytes():
                 pass
     assert rate(api_key) == (PROMPT_TOKENS + 5) + (PROMPT_TOKENS + 50)
@@ -84,43 +71,43 @@ async def test_async_clients_over_real_sockets(
 
 @pytest.mark.parametrize("gzip", [True, False], ids=["gzip", "identity"])
 def test_a_chunk_passes_while_the_server_is_paused(
-    lib: ModuleType, server: LLMServer, api_key: str, gzip: bool
+    lib: ModuleType, llm_server: LLMServer, api_key: str, gzip: bool
 ) -> None:
-    server.release.clear()
+    llm_server.release.clear()
     with (
         lib.Client(transport=FuseTransport()) as client,
         client.stream(
             "POST",
-            server.url,
+            llm_server.url,
             headers={"Authorization": f"Bearer {api_key}"},
             json={"stream": True, "chunks": 5, "pause": True, "gzip": gzip},
         ) as response,
     ):
         chunks = response.iter_bytes()
         first = next(chunks)  # arrives while the server waits, or this blocks
-        server.release.set()
+        llm_server.release.set()
         rest = b"".join(chunks)
-    assert server.released_in_time[-1]  # released by us, not by the server's timeout
+    assert llm_server.released_in_time[-1]  # released by us, not by the server's timeout
     assert first.startswith(b"data: ")
     assert first + rest == b"".join(chat_events(5))
     assert rate(api_key) == PROMPT_TOKENS + 5
 
 
 async def test_async_chunk_passes_while_the_server_is_paused(
-    lib: ModuleType, server: LLMServer, api_key: str
+    lib: ModuleType, llm_server: LLMServer, api_key: str
 ) -> None:
-    server.release.clear()
+    llm_server.release.clear()
     headers = {"Authorization": f"Bearer {api_key}"}
     async with (
         lib.AsyncClient(transport=AsyncFuseTransport(), headers=headers) as client,
         client.stream(
-            "POST", server.url, json={"stream": True, "chunks": 5, "pause": True}
+            "POST", llm_server.url, json={"stream": True, "chunks": 5, "pause": True}
         ) as response,
     ):
         chunks = response.aiter_bytes()
         first = await chunks.__anext__()
-        server.release.set()
+        llm_server.release.set()
         rest = b"".join([chunk async for chunk in chunks])
-    assert server.released_in_time[-1]
+    assert llm_server.released_in_time[-1]
     assert first + rest == b"".join(chat_events(5))
     assert rate(api_key) == PROMPT_TOKENS + 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
@@ -164,22 +165,48 @@ def test_usage_is_settled_once_even_when_closed_after_the_end(lib: ModuleType, f
     assert fuse.status(report.identity).rate == 40
 
 
+QUESTION = "Say hello, then ask how I am."
+STREAM_REQUEST = json.dumps(
+    {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": QUESTION}]}
+).encode()
+# The documented rule: the bytes of the messages' strings, and of the streamed text, 4 a token
+# (rounded up). The stream of NO_USAGE says "Hello, " then "world, how are you today?".
+ESTIMATED_INPUT = -(-len("user" + QUESTION) // 4)
+ESTIMATED_OUTPUT = -(-len("Hello, world, how are you today?") // 4)
+
+
 def stream_twice(lib: ModuleType, transport: Any, case: Case) -> list[FuseReport]:
     with lib.Client(transport=transport) as client:
         return [
-            client.post(case.url, headers=case.request_headers).extensions["tokenfuse"]
+            client.post(case.url, headers=case.request_headers, content=STREAM_REQUEST).extensions[
+                "tokenfuse"
+            ]
             for _ in range(2)
         ]
 
 
-def test_a_stream_without_usage_is_unknown_never_zero_and_logged_once(
+def test_a_stream_without_usage_is_estimated_by_default(lib: ModuleType, fuse: Fuse) -> None:
+    server = ChunkServer(lib, NO_USAGE)
+    transport = FuseTransport(server.transport(), fuse=fuse, inject_usage=False)
+    reports = stream_twice(lib, transport, NO_USAGE)
+    for report in reports:
+        usage = report.usage
+        assert usage.estimated
+        assert (usage.input, usage.output) == (ESTIMATED_INPUT, ESTIMATED_OUTPUT)
+        assert usage.total == ESTIMATED_INPUT + ESTIMATED_OUTPUT
+        assert "include_usage" in (usage.problem or "")
+        assert not report.asked_usage
+    assert server.requests[0].content == STREAM_REQUEST  # sent as it was made
+    assert fuse.status(reports[0].identity).rate == 2 * (ESTIMATED_INPUT + ESTIMATED_OUTPUT)
+    assert fuse.stats.usage.estimated == 2
+
+
+def test_without_estimates_a_stream_without_usage_is_unknown_never_zero_and_warned(
     lib: ModuleType, fuse: Fuse, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tokenfuse._transport import meter
-
-    meter._logged.clear()
     caplog.set_level(logging.WARNING, logger="tokenfuse")
-    transport = FuseTransport(ChunkServer(lib, NO_USAGE).transport(), fuse=fuse)
+    server = ChunkServer(lib, NO_USAGE)
+    transport = FuseTransport(server.transport(), fuse=fuse, estimate=False, inject_usage=False)
     reports = stream_twice(lib, transport, NO_USAGE)
     for report in reports:
         assert report.usage.total is None
@@ -187,16 +214,10 @@ def test_a_stream_without_usage_is_unknown_never_zero_and_logged_once(
         assert "include_usage" in (report.usage.problem or "")
         assert report.record is None
     assert fuse.status(reports[0].identity).rate == 0
-    warnings = [r for r in caplog.records if "could not count" in r.getMessage()]
-    assert len(warnings) == 1
-    assert "include_usage" in warnings[0].getMessage()
-
-
-def test_an_estimate_is_opt_in_and_flagged(lib: ModuleType, fuse: Fuse) -> None:
-    transport = FuseTransport(ChunkServer(lib, NO_USAGE).transport(), fuse=fuse, estimate=True)
-    report = stream_twice(lib, transport, NO_USAGE)[0]
-    assert report.usage.estimated
-    assert report.usage.total is not None
-    assert report.usage.total > 0
-    assert report.record is not None
-    assert report.record.rate == report.usage.total  # the estimate is what was recorded
+    assert fuse.stats.usage.unknown == 2
+    assert fuse.stats.usage_of(reports[0].identity).unknown == 2
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1  # the second call is counted, not logged again
+    assert warnings[0].startswith("usage_unknown: ")
+    assert "include_usage" in warnings[0]
+    assert "estimate=True" in warnings[0]  # says how to get an estimate instead

@@ -218,7 +218,7 @@ def test_stream_without_usage_is_estimated_when_opted_in() -> None:
     assert usage.estimated
     assert usage.total == usage.output == -(-len(text) // 4)
     assert usage.input is None
-    assert usage.problem == "no usage reported; estimated from streamed text"
+    assert usage.problem == "no usage in stream (stream_options.include_usage not set?)"
 
 
 def test_estimate_opt_in_does_not_replace_reported_usage() -> None:

@@ -19,11 +19,11 @@ from .._core.status import Status
 from .._core.velocity import VelocityPolicy
 from .._errors import ConfigurationError, TokenFuseError
 from .._events import FuseEvent
-from .._fuse import Fuse
+from .._fuse import Fuse, checked_overrides
 from .._identity import KEY_ID_LENGTH, Identity
-from .._stores.base import sync_face
+from .._stores.base import SyncStore, sync_face
 from .._stores.event_log import EventLog
-from .._stores.ops import UNSET, ListKeys, Unset
+from .._stores.ops import UNSET, Configure, ListKeys, ReadStatus, Reset, Unset
 from .feed import EventFeed, feed_for
 from .refs import AmbiguousKey, KeyNotFound, KeyRef, looks_like_key_id
 from .views import SORTS, KeyState, KeyView
@@ -41,8 +41,13 @@ class NotAvailable(TokenFuseError):
 
 @dataclass(frozen=True, slots=True)
 class _Target:
+    """One key of one fuse: by its identity (a name, a credential), or, found by its key id,
+    by its store key (the store keeps no identity, only its keyed hash)."""
+
     fuse: Fuse
-    identity: Identity
+    identity: Identity | None
+    key: str = ""  # the store key, when there is no identity
+    label: str | None = None
 
 
 class Admin:
@@ -93,10 +98,7 @@ class Admin:
             cursor,
             count or self.page_size,
         )
-        store = sync_face(chosen.store)
-        if store is None:
-            raise ConfigurationError(f"{chosen.store!r} is async-only: Admin needs a sync store")
-        page = store.run(op)
+        page = _store(chosen).run(op)
         labels = self.labels()
         log = getattr(chosen.store, "events", None)
         if isinstance(log, EventLog) and page.statuses:  # labels the store keeps, with its TTL
@@ -140,7 +142,11 @@ class Admin:
         """Close the key at once in each fuse that has it (``Fuse.reset``); its views after."""
         targets = self._targets(_ref(ref), self._fuses(fuse), create=False)
         for target in targets:
-            target.fuse.reset(target.identity)
+            if target.identity is not None:
+                target.fuse.reset(target.identity)  # which reports it
+            else:
+                _store(target.fuse).run(op := Reset(target.key))
+                self._report(target, op)
         return [self._status(target) for target in targets]
 
     def forgive(self, ref: KeyRef | str, *, fuse: str | None = None) -> list[KeyView]:
@@ -153,6 +159,8 @@ class Admin:
             )
         targets = self._targets(_ref(ref), self._fuses(fuse), create=False)
         for target in targets:
+            if target.identity is None:
+                raise NotAvailable("forgive takes a name or a credential (--name, --secret)")
             forgive(target.fuse, target.identity)
         return [self._status(target) for target in targets]
 
@@ -163,7 +171,7 @@ class Admin:
         A name or a credential that has no state yet gets one, in ``fuse`` or else the first
         fuse (the outbound one, by default): limits may come before the traffic."""
         (target,) = self._one(self._targets(_ref(ref), self._fuses(fuse), create=True), "set-limit")
-        target.fuse.set_limit(target.identity, limit)
+        self._configure(target, checked_overrides(limit=limit))
         return self._status(target)
 
     def set_bucket(
@@ -179,7 +187,7 @@ class Admin:
         if not bucketed:
             raise ConfigurationError("none of these fuses has a bucket (inbound fuses do)")
         (target,) = self._one(self._targets(_ref(ref), bucketed, create=True), "set-bucket")
-        target.fuse.set_bucket(target.identity, rate=rate, capacity=capacity)
+        self._configure(target, checked_overrides(rate=rate, capacity=capacity))
         return self._status(target)
 
     # -- events -------------------------------------------------------------------------------
@@ -217,16 +225,37 @@ class Admin:
         cursor = ""
         while len(found) < MAX_LISTED:
             views, cursor = self.page(fuse, cursor=cursor, key_id=key_id)
-            found.update((view.digest, view) for view in views)
+            found.update((view.status.key, view) for view in views)
             if not cursor:
                 break
         return list(found.values())
 
     def _status(self, target: _Target) -> KeyView:
-        fuse, identity = target.fuse, target.identity
-        status = fuse.status(identity)
-        status = replace(status, key=f"{fuse.name}:{identity.key}")
-        return KeyView.of(fuse.name, status, fuse.velocity, _label(identity))
+        fuse = target.fuse
+        if target.identity is not None:
+            status = fuse.status(target.identity)  # key: the label; key_id: the fuse's
+            return KeyView.of(fuse.name, status, fuse.velocity, target.identity.label)
+        op = ReadStatus(target.key, fuse.velocity or _READS, fuse.bucket)
+        return KeyView.of(fuse.name, _store(fuse).run(op), fuse.velocity, target.label)
+
+    def _configure(self, target: _Target, change: Configure) -> None:
+        """Set ``change``'s overrides on the target: by its fuse (which reports it), or by its
+        store key."""
+        fuse = target.fuse
+        if target.identity is not None:
+            if not isinstance(change.limit, Unset):
+                fuse.set_limit(target.identity, change.limit)
+            if not (isinstance(change.rate, Unset) and isinstance(change.capacity, Unset)):
+                fuse.set_bucket(target.identity, rate=change.rate, capacity=change.capacity)
+        else:
+            _store(fuse).run(op := replace(change, key=target.key))
+            self._report(target, op)
+
+    def _report(self, target: _Target, op: Reset | Configure) -> None:
+        """An operator's change to a key found by its id, as an event every listener (and the
+        event feed) sees."""
+        key_id = target.key.partition(":")[2][:KEY_ID_LENGTH]
+        target.fuse.changed_by_key(target.label or key_id, key_id, op)
 
     def _targets(self, ref: KeyRef, fuses: list[Fuse], *, create: bool) -> list[_Target]:
         """The keys ``ref`` names in ``fuses``; raises unless exactly one key (in one or more
@@ -238,7 +267,7 @@ class Admin:
                 f"{ref.text!r} is both a key id and a name: pass --id {ref.text} or "
                 f"--name {ref.text}"
             )
-        digests = {target.identity.key for target in by_id}
+        digests = {target.key.partition(":")[2] for target in by_id}
         if len(digests) > 1:
             shown = ", ".join(sorted(digest[:16] for digest in digests))
             raise AmbiguousKey(
@@ -255,7 +284,7 @@ class Admin:
         if not looks_like_key_id(ref.text):
             return []
         return [  # a listed view has the label the events and the store's log know
-            _Target(chosen, Identity(key=view.digest, label=view.label or view.key_id))
+            _Target(chosen, None, view.status.key, view.label)
             for chosen in fuses
             for view in self._every(chosen.name, ref.text)
         ]
@@ -279,6 +308,13 @@ class Admin:
 _READS = VelocityPolicy()  # to read the statuses of a fuse without a velocity policy
 
 
+def _store(fuse: Fuse) -> SyncStore:
+    store = sync_face(fuse.store)
+    if store is None:
+        raise ConfigurationError(f"{fuse.store!r} is async-only: Admin needs a sync store")
+    return store
+
+
 def _ref(ref: KeyRef | str) -> KeyRef:
     return ref if isinstance(ref, KeyRef) else KeyRef.parse(ref)
 
@@ -287,11 +323,6 @@ def _view(fuse: Fuse, status: Status, labels: dict[str, str]) -> KeyView:
     view = KeyView.of(fuse.name, status, fuse.velocity)
     label = labels.get(view.key_id)
     return view if label is None else replace(view, label=label)
-
-
-def _label(identity: Identity) -> str | None:
-    # A target found by key id carries the id as its label when none is known.
-    return None if identity.label == identity.key_id else identity.label
 
 
 def _not_found(ref: KeyRef, fuses: Sequence[Fuse]) -> str:

@@ -50,8 +50,7 @@ class KeyView:
     """One key of one fuse, as the CLI and the admin app show it.
 
     ``label`` is the key's readable label when it is known (a name, or a credential's redaction
-    seen in an event), else None: the store keeps only hashes. ``status.key`` is the key's store
-    key (``<fuse>:<hash>``).
+    seen in an event), else None: the store keeps only keyed hashes.
     """
 
     fuse: str
@@ -65,20 +64,17 @@ class KeyView:
     def of(
         cls, fuse: str, status: Status, policy: VelocityPolicy | None, label: str | None = None
     ) -> KeyView:
-        digest = status.key.partition(":")[2]
+        """The view of ``status``: a fuse's (its key id set), or a store's (its ``key`` the
+        store key, ``<fuse>:<keyed hash>``, whose start is the key id)."""
+        key_id = status.key_id or status.key.partition(":")[2][:KEY_ID_LENGTH]
         return cls(
             fuse=fuse,
-            key_id=digest[:KEY_ID_LENGTH],
+            key_id=key_id,
             label=label,
             status=status,
             threshold=threshold_of(status, policy),
             unit=policy.unit if policy is not None else "tokens",
         )
-
-    @property
-    def digest(self) -> str:
-        """The identity's whole store hash (what ``Identity.key`` holds)."""
-        return self.status.key.partition(":")[2]
 
     @property
     def multiple(self) -> float | None:

@@ -62,7 +62,7 @@ def _story(say: Callable[..., None], pace: float, sleep: Callable[[float], None]
     agent = Identity.secret(API_KEY)
 
     say("tokenfuse demo: one agent, the embedded store (no Redis), a simulated clock")
-    say(f"the agent's API key is counted as {agent.label}, key id {agent.key_id}")
+    say(f"the agent's API key is counted as {agent.label}, key id {fuse.key_id(agent)}")
     say()
     say("3 simulated days of normal work: a task every 30 minutes, 2 model calls each ...")
     for _ in range(3 * 48):
@@ -103,8 +103,8 @@ def _story(say: Callable[..., None], pace: float, sleep: Callable[[float], None]
             f"  {view.label} {view.key_id}  {view.state}  {view.status.rate:,.0f} tokens/min, "
             f"{view.multiple or 0:.1f}x its baseline"
         )
-    say(f"  $ tokenfuse reset {agent.key_id}")
-    (after,) = admin.reset(agent.key_id)
+    say(f"  $ tokenfuse reset {fuse.key_id(agent)}")
+    (after,) = admin.reset(fuse.key_id(agent))
     allowed = fuse.gate(agent).allowed
     say(f"  state now: {after.state}; the next call is {'allowed' if allowed else 'refused'}")
     return 0 if allowed else 1

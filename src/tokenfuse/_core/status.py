@@ -34,6 +34,9 @@ class Status:
     key: str
     """The key's label, as events and refusals show it (a redacted credential or the name it
     was given). A store asked directly puts the storage key it was asked about here."""
+    key_id: str | None = None
+    """The key's short, non-secret id (``Fuse.key_id``), as refusals and events show it next
+    to the label; None from a store asked directly."""
     rate: float = 0.0
     """What the key spent in the last 60 s, in the velocity policy's unit per minute."""
     baseline: float | None = None

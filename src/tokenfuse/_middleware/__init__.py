@@ -11,12 +11,13 @@
 ``options.py`` declares and checks the options, ``shell.py`` is the constructor both
 middleware classes share, and ``asgi.py`` / ``wsgi.py`` differ only in how they speak their
 protocol. ``reply.py`` formats what the middleware answers, ``identify.py`` turns a request
-into an ``Identity``, and ``defaults.py`` is what a ``TokenFuse`` without options enforces.
+into an ``Identity`` (``clients.py``: the client address, for callers without one), and
+``defaults.py`` is what a ``TokenFuse`` without options enforces.
 """
 
 from .asgi import TokenFuse
 from .defaults import CALL_VELOCITY, default_inbound_fuse, inbound_fuse
-from .identify import ANONYMOUS, IdentifyRequest, bearer_or_api_key, by_header
+from .identify import ANONYMOUS, IdentifyRequest, bearer_or_api_key, by_header, verified
 from .options import InboundOptions
 from .reply import Reply
 from .report import DECISION_KEY, REPORT_KEY, TOKENS_HEADER, report_tokens
@@ -40,4 +41,5 @@ __all__ = [
     "default_inbound_fuse",
     "inbound_fuse",
     "report_tokens",
+    "verified",
 ]

@@ -18,6 +18,7 @@ from .._fuse import Decision, Fuse
 from .._identity import Identity
 from .._settings import current as current_settings
 from .._throttle import Throttle
+from .clients import ClientAddress
 from .defaults import default_inbound_fuse
 from .identify import ANONYMOUS, bearer_or_api_key
 from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tiers_rule
@@ -89,6 +90,7 @@ class InboundGuard:
         self._cost_of = cost_rule(options.cost)
         self._excluded = exclude_rule(options.exclude)
         self._tier_of = tiers_rule(options.tiers)
+        self._client = ClientAddress(options.trusted_proxies)
         self._shadow_log = Throttle(1.0)
 
     # -- per request -------------------------------------------------------------------------
@@ -97,11 +99,9 @@ class InboundGuard:
         """What to check for this request; None when it is not guarded."""
         if self._excluded(request):
             return None
-        identity = self._identify(request)
+        identity = self._identify(request) or self._nobody(request)
         if identity is None:
-            if self.anonymous == "allow":
-                return None
-            identity = ANONYMOUS
+            return None
         amount = 1.0 if self.count == "calls" else 0.0
         tier = self._tier_of(request, identity)
         return Plan(self.fuse, identity, tier, self._cost_of(request), amount)
@@ -145,6 +145,14 @@ class InboundGuard:
                 _not_recorded(total)
 
     # -- machinery -----------------------------------------------------------------------------
+
+    def _nobody(self, request: RequestView) -> Identity | None:
+        """Who a request without an identity is counted as (None: it is not guarded)."""
+        if self.anonymous == "allow":
+            return None
+        if self.anonymous == "client":
+            return self._client(request) or ANONYMOUS  # no peer address: a Unix socket
+        return ANONYMOUS
 
     def _go_ahead(self, request: RequestView, headers: Headers) -> Outcome:
         if self.count != "tokens":

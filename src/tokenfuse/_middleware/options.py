@@ -3,8 +3,9 @@
 ``InboundOptions`` lists them; ``TokenFuse`` and ``TokenFuseWSGI`` take them as keyword
 arguments after the app (``shell.py``). The ``*_rule`` functions turn each option that may be
 a callable, a mapping or a constant (``identify``, ``cost``, ``exclude``, ``tiers``) into one
-callable, refusing bad values at construction time. After that, a bad request or a broken
-user callable costs a fallback and one log line, never an exception in the request.
+callable, refusing bad values at construction time. After that, a bad request, a broken user
+callable or a bad value it returns costs a fallback and one log line (once per option of one
+middleware), never an exception in the request.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ __all__ = [
 logger = logging.getLogger("tokenfuse.middleware")
 
 Count = Literal["calls", "tokens"]
-Anonymous = Literal["shared", "allow"]
+Anonymous = Literal["shared", "client", "allow"]
 Cost = float | Mapping[str, float] | Callable[[RequestView], float]
 Tiers = Mapping[str, BucketPolicy] | Callable[[RequestView, Identity], BucketPolicy | None]
 Exclude = Iterable[str] | Callable[[RequestView], bool]
@@ -68,11 +69,16 @@ class InboundOptions:
         fuse: the ``Fuse`` to decide with (``inbound_fuse(...)``); by default the process-wide
             ``default_inbound_fuse()``: ``FREE`` bucket and ``CALL_VELOCITY`` on the
             embedded store.
-        identify: ``request -> Identity | str | None``; default ``bearer_or_api_key``.
+        identify: ``request -> Identity | str | None``; default ``bearer_or_api_key``, which
+            does not verify keys: ``verified(is_valid)`` does.
         anonymous: requests without an identity share one ``anonymous`` identity
-            (``"shared"``, the default) or pass unguarded (``"allow"``).
+            (``"shared"``, the default), are counted per client address (``"client"``, see
+            ``trusted_proxies``), or pass unguarded (``"allow"``).
+        trusted_proxies: addresses or CIDR networks of your reverse proxies: only a peer in
+            them is believed about the client address (``X-Forwarded-For``).
         cost: bucket cost per call: a number, ``{path prefix: cost}`` (longest prefix wins,
-            others cost 1), or ``request -> cost`` (an error or invalid value costs 1).
+            others cost 1), or ``request -> cost`` (an error or invalid value costs 1 and is
+            logged once).
         tiers: bucket policy per identity: ``{name or credential: BucketPolicy}`` or
             ``(request, identity) -> BucketPolicy | None``. Live overrides
             (``Fuse.set_bucket``) win over both.
@@ -92,6 +98,7 @@ class InboundOptions:
     fuse: Fuse | None = None
     identify: IdentifyRequest | None = None
     anonymous: Anonymous = "shared"
+    trusted_proxies: Iterable[str] = ()
     cost: Cost = 1.0
     tiers: Tiers | None = None
     count: Count = "calls"
@@ -104,9 +111,9 @@ class InboundOptions:
 
     def __post_init__(self) -> None:
         McpMode.of(self.mcp)  # refuses anything but a bool or an McpMode
-        if self.anonymous not in ("shared", "allow"):
+        if self.anonymous not in ("shared", "client", "allow"):
             raise ConfigurationError(
-                f"anonymous must be 'shared' or 'allow', not {self.anonymous!r}"
+                f"anonymous must be 'shared', 'client' or 'allow', not {self.anonymous!r}"
             )
         if self.count not in ("calls", "tokens"):
             raise ConfigurationError(f"count must be 'calls' or 'tokens', not {self.count!r}")
@@ -116,31 +123,42 @@ class InboundOptions:
 
 # -- the options that take several forms, normalized to one callable each ----------------------
 
-_warned: set[str] = set()
-
-
-def _warn_once(what: str, exc: BaseException) -> None:
-    """A broken option callable fails on every request: say so once, not per request."""
-    if what not in _warned:
-        _warned.add(what)
-        logger.warning("tokenfuse: %s raised; using the fallback", what, exc_info=exc)
-
 
 def _name(function: object) -> str:
     return str(getattr(function, "__qualname__", None) or repr(function))
 
 
-def _guarded(function: Callable[P, R], what: str, check: Callable[[R | None], T]) -> Callable[P, T]:
-    """``function`` for per-request use: its result passed through ``check``; anything it
-    raises is logged once and answered with ``check(None)``, the option's fallback."""
+class _Rejected(Exception):
+    """A value an option function returned that its check refuses, e.g. a cost of NaN."""
+
+    def __init__(self, value: object, expected: str) -> None:
+        super().__init__(f"returned {value!r:.40}, not {expected}")
+
+
+def _guarded(
+    function: Callable[P, R], what: str, check: Callable[[R], T], fallback: T
+) -> Callable[P, T]:
+    """``function`` for per-request use: its result passed through ``check``. An exception,
+    or a value ``check`` rejects, is answered with ``fallback`` and logged, each kind once: a
+    broken option fails on every request, and one line says so as well as a thousand."""
     name = f"{what} function {_name(function)}"
+    said: set[str] = set()
+
+    def once(kind: str, problem: object, exc: Exception | None = None) -> None:
+        # Per kind, not per value: a caller varying a bad header must not flood the log.
+        if kind not in said:
+            said.add(kind)
+            logger.warning("tokenfuse: %s %s; using %r (logged once)", name, problem, fallback,
+                           exc_info=exc)  # fmt: skip
 
     def call(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return check(function(*args, **kwargs))
+        except _Rejected as rejected:
+            once("rejected", rejected)
         except Exception as exc:
-            _warn_once(name, exc)
-            return check(None)
+            once("raised", "raised", exc)
+        return fallback
 
     return call
 
@@ -158,6 +176,13 @@ def _valid_cost(value: object) -> float | None:
     return number if math.isfinite(number) and number >= 0 else None
 
 
+def _per_request_cost(value: object) -> float:
+    cost = _valid_cost(value)
+    if cost is None:
+        raise _Rejected(value, "a finite, non-negative number")
+    return cost
+
+
 def _checked_cost(value: object) -> float:
     cost = _valid_cost(value)
     if cost is None:
@@ -165,20 +190,16 @@ def _checked_cost(value: object) -> float:
     return cost
 
 
-def _cost_or_one(value: object) -> float:
-    cost = _valid_cost(value)
-    return 1.0 if cost is None else cost
-
-
 def identify_rule(identify: IdentifyRequest) -> Callable[[RequestView], Identity | None]:
     """The ``identify`` option as ``request -> Identity | None``; an error is None ("nobody")."""
-    return _guarded(identify, "identify", resolve)
+    return _guarded(identify, "identify", resolve, None)
 
 
 def cost_rule(cost: Cost) -> Callable[[RequestView], float]:
-    """The ``cost`` option as ``request -> cost``; an error or invalid value costs 1."""
+    """The ``cost`` option as ``request -> cost``; an error or invalid value (NaN, infinite,
+    negative, not a number) costs 1 and is logged once."""
     if callable(cost):
-        return _guarded(cost, "cost", _cost_or_one)
+        return _guarded(cost, "cost", _per_request_cost, 1.0)
     if isinstance(cost, Mapping):
         routes = sorted(
             ((path, _checked_cost(value)) for path, value in cost.items()),
@@ -201,7 +222,7 @@ def exclude_rule(exclude: Exclude) -> Callable[[RequestView], bool]:
     """The ``exclude`` option as ``request -> bool``; a broken predicate guards the request
     (guarded is the safe side)."""
     if callable(exclude):
-        return _guarded(exclude, "exclude", bool)
+        return _guarded(exclude, "exclude", bool, False)
     if isinstance(exclude, str):
         raise ConfigurationError("exclude takes a list of paths, not one string")
     prefixes = tuple(exclude)
@@ -211,7 +232,9 @@ def exclude_rule(exclude: Exclude) -> Callable[[RequestView], bool]:
 
 
 def _policy_or_none(value: object) -> BucketPolicy | None:
-    return value if isinstance(value, BucketPolicy) else None
+    if value is None or isinstance(value, BucketPolicy):
+        return value
+    raise _Rejected(value, "a BucketPolicy or None")
 
 
 def tiers_rule(tiers: Tiers | None) -> Callable[[RequestView, Identity], BucketPolicy | None]:
@@ -220,12 +243,12 @@ def tiers_rule(tiers: Tiers | None) -> Callable[[RequestView, Identity], BucketP
     if tiers is None:
         return lambda _request, _identity: None
     if callable(tiers):
-        return _guarded(tiers, "tiers", _policy_or_none)
-    by_key: dict[str, BucketPolicy] = {}
+        return _guarded(tiers, "tiers", _policy_or_none, None)
+    by_identity: dict[Identity, BucketPolicy] = {}
     for who, policy in tiers.items():
         if not isinstance(policy, BucketPolicy):
             raise ConfigurationError(f"tiers[{who!r}] must be a BucketPolicy")
         # The identity may come back as a name or as a credential: accept both forms.
-        by_key[Identity.named(who).key] = policy
-        by_key[Identity.secret(who).key] = policy
-    return lambda _request, identity: by_key.get(identity.key)
+        by_identity[Identity.named(who)] = policy
+        by_identity[Identity.secret(who)] = policy
+    return lambda _request, identity: by_identity.get(identity)

@@ -38,6 +38,11 @@ class RequestView:
         """The first value of header ``name`` (any case), or None."""
         raise NotImplementedError
 
+    def header_list(self, name: str) -> str | None:
+        """Every value of list-valued header ``name`` joined by ``", "`` (RFC 9110, 5.3), so
+        that a second ``X-Forwarded-For`` line is not missed; None when absent."""
+        raise NotImplementedError
+
     @property
     def client(self) -> str | None:
         """The peer address as the server saw it (a proxy's, behind one)."""
@@ -60,6 +65,11 @@ class AsgiRequest(RequestView):
                 return bytes(value).decode("latin-1")
         return None
 
+    def header_list(self, name: str) -> str | None:
+        wanted = name.lower().encode("latin-1")
+        values = [bytes(v).decode("latin-1") for k, v in self.raw.get("headers", ()) if k == wanted]
+        return ", ".join(values) if values else None
+
     @property
     def client(self) -> str | None:
         client = self.raw.get("client")
@@ -79,6 +89,9 @@ class WsgiRequest(RequestView):
             key = "HTTP_" + key
         value = self.raw.get(key)
         return value if isinstance(value, str) else None
+
+    def header_list(self, name: str) -> str | None:
+        return self.header(name)  # WSGI servers join repeated headers into one, as CGI does
 
     @property
     def client(self) -> str | None:

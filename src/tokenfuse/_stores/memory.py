@@ -6,7 +6,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from .ops import (
     ReadState,
     ReadStatus,
     Record,
+    RecordBatch,
     Reset,
     StoredState,
     Unset,
@@ -170,6 +171,13 @@ class MemoryStore:
         """``run``: nothing here waits on I/O, so the async face runs the same code directly."""
         return self.run(op)
 
+    def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        """Run several operations, in order (``RedisStore`` sends them as one pipeline)."""
+        return [self.run(op) for op in ops]
+
+    async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        return self.run_many(ops)
+
     # -- each operation applied to the core (the lock held, ``now`` read once) ------------------
 
     def _gate(self, op: Gate, now: float) -> VelocityVerdict:
@@ -183,6 +191,17 @@ class MemoryStore:
         if entry.velocity is None:
             entry.velocity = _velocity.new_state(now)
         return _velocity.record(entry.velocity, op.amount, now, op.velocity)
+
+    def _record_batch(self, op: RecordBatch, now: float) -> VelocityVerdict:
+        entry = self._entry(op.key, now)
+        if entry.velocity is None:
+            entry.velocity = _velocity.new_state(now)
+        first_trip = None
+        for amount in op.amounts:
+            verdict = _velocity.record(entry.velocity, amount, now, op.velocity)
+            if verdict.tripped and first_trip is None:
+                first_trip = verdict
+        return first_trip or verdict
 
     def _admit(self, op: Admit, now: float) -> AdmitVerdict:
         entry = self._entry(op.key, now)
@@ -254,6 +273,7 @@ class MemoryStore:
 _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     Gate: MemoryStore._gate,
     Record: MemoryStore._record,
+    RecordBatch: MemoryStore._record_batch,
     Admit: MemoryStore._admit,
     ReadStatus: MemoryStore._status,
     ListKeys: MemoryStore._list,

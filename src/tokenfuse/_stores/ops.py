@@ -33,6 +33,7 @@ __all__ = [
     "ReadState",
     "ReadStatus",
     "Record",
+    "RecordBatch",
     "Reset",
     "StoredState",
     "Unset",
@@ -86,6 +87,18 @@ class Record(Op[VelocityVerdict]):
     name: ClassVar[str] = "record"
     key: str
     amount: float
+    velocity: VelocityPolicy
+
+
+@dataclass(slots=True)
+class RecordBatch(Op[VelocityVerdict]):
+    """Several ``Record`` of one key in one step, in order and at one ``now``: the usage of
+    calls recorded off the caller's path, sent together. The verdict is the first trip's, or
+    else the last record's (``velocity.record`` for each amount)."""
+
+    name: ClassVar[str] = "record_batch"
+    key: str
+    amounts: tuple[float, ...]
     velocity: VelocityPolicy
 
 

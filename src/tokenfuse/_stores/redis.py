@@ -18,6 +18,12 @@ default 14 days).
 **Clock.** The server's ``TIME`` by default, one clock for every process; an explicit
 ``clock`` (tests, simulations) is passed to the scripts as an argument.
 
+**Gates without a round trip.** By default the store keeps a local view of the open keys
+(``open_keys``: a subscriber thread, started at the first gate, that every trip and reset
+anywhere reaches at once) and answers gates from it once it is synced; until then, and
+whenever the subscription is down, a gate is one EVALSHA as before. ``open_keys=False``
+turns it off. A store over an asyncio client alone has no view (it needs a sync client).
+
 **Errors.** Every redis-py error becomes ``StoreUnavailable`` at one boundary
 (``redis_clients.Unavailable``); failing open and backing off is ``Fuse``'s job.
 """
@@ -25,14 +31,17 @@ default 14 days).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
+
+from redis.exceptions import NoScriptError
 
 from .._errors import ConfigurationError
 from . import redis_listing
-from .ops import ListKeys, Op
-from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable
-from .redis_codec import CODECS, Args, Codec, key_of
+from .open_keys import OpenKeys
+from .ops import Gate, ListKeys, Op
+from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable, script_shas
+from .redis_codec import CODECS, Args, key_of
 from .redis_events import RedisEventLog
 
 __all__ = ["RedisStore"]
@@ -55,6 +64,7 @@ class RedisStore:
         prefix: first part of every key; must not contain ``{`` or ``}``.
         clock: ``None`` for the server's clock; a callable returning epoch seconds otherwise.
         ttl: seconds an idle identity's state lives.
+        open_keys: answer gates from a local view of the open keys (``open_keys``).
     """
 
     def __init__(
@@ -64,8 +74,9 @@ class RedisStore:
         prefix: str = "tokenfuse",
         clock: Callable[[], float] | None = None,
         ttl: float = _DEFAULT_TTL,
+        open_keys: bool = True,
     ) -> None:
-        self._setup(Clients.wrap(client), prefix, clock, ttl)
+        self._setup(Clients.wrap(client), prefix, clock, ttl, open_keys)
 
     @classmethod
     def from_url(
@@ -76,6 +87,7 @@ class RedisStore:
         clock: Callable[[], float] | None = None,
         ttl: float = _DEFAULT_TTL,
         cluster: bool = False,
+        open_keys: bool = True,
         **options: Any,
     ) -> RedisStore:
         """A store with its own sync and asyncio clients, each built at its first use.
@@ -88,11 +100,17 @@ class RedisStore:
         >>> store = RedisStore.from_url("redis+cluster://10.0.0.5:7000")  # doctest: +SKIP
         """
         store = cls.__new__(cls)
-        store._setup(Clients.from_url(url, cluster=cluster, options=options), prefix, clock, ttl)
+        clients = Clients.from_url(url, cluster=cluster, options=options)
+        store._setup(clients, prefix, clock, ttl, open_keys)
         return store
 
     def _setup(
-        self, clients: Clients, prefix: str, clock: Callable[[], float] | None, ttl: float
+        self,
+        clients: Clients,
+        prefix: str,
+        clock: Callable[[], float] | None,
+        ttl: float,
+        open_keys: bool,
     ) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             # A brace in the prefix would become the hash tag: every key in one slot.
@@ -106,6 +124,12 @@ class RedisStore:
         self._ttl_ms = str(max(1, round(ttl * 1000)))
         #: Operator events of every fuse on this store, shared by every process (a Stream).
         self.events = RedisEventLog(clients, prefix, self._ttl_ms)
+        #: The local view of open keys (None: every gate is a round trip).
+        self.open_keys = (
+            OpenKeys(clients.subscriber_client, prefix=prefix, clock=clock)
+            if open_keys and clients.has_sync
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"RedisStore(prefix={self.prefix!r}, {self._clients.described})"
@@ -121,12 +145,17 @@ class RedisStore:
         return self._clients.has_async
 
     def close(self) -> None:
-        """Close the sync client this store built (``from_url``); a given client stays open."""
+        """Stop the open-key view; close the sync client this store built (``from_url``), a
+        given client stays open."""
+        if self.open_keys is not None:
+            self.open_keys.close()
         self._clients.close()
 
     async def aclose(self) -> None:
-        """Close every client this store built (``from_url``), once the event log's pending
-        writes are done."""
+        """Stop the open-key view; close every client this store built (``from_url``), once
+        the event log's pending writes are done."""
+        if self.open_keys is not None:
+            self.open_keys.close()
         await self.events.aflush()
         await self._clients.aclose()
 
@@ -139,12 +168,13 @@ class RedisStore:
             with Unavailable(op.name):
                 page = redis_listing.run_sync(client, op, self.prefix, self._now())
             return cast(R, page)
-        codec, keys, args = self._encode(op)
+        key, known = self._known(op)
+        if known is not None:
+            return known
         script = self._clients.sync_scripts()[op.name]
         with Unavailable(op.name):
-            reply = script(keys, args)
-        result: R = codec.result(op, reply)
-        return result
+            reply = script((key,), self._args(op))
+        return self._result(op, key, reply)
 
     async def arun(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
@@ -153,17 +183,75 @@ class RedisStore:
             with Unavailable(op.name):
                 page = await redis_listing.run_async(client, op, self.prefix, self._now())
             return cast(R, page)
-        codec, keys, args = self._encode(op)
+        key, known = self._known(op)
+        if known is not None:
+            return known
         script = self._clients.async_scripts()[op.name]
         with Unavailable(op.name):
-            reply = await script(keys, args)
-        result: R = codec.result(op, reply)
-        return result
+            reply = await script((key,), self._args(op))
+        return self._result(op, key, reply)
 
-    def _encode(self, op: Op[Any]) -> tuple[Codec[Any, Any], tuple[str], Args]:
-        codec = CODECS[type(op)]
+    def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        """Run several operations in one pipeline (one round trip), each its own script call,
+        in order; their results in the same order. Needs a sync client."""
+        keys, pipe = self._pipeline(self._clients.sync_client(), ops)
+        with Unavailable("batch"):
+            replies = pipe.execute(raise_on_error=False)
+            scripts = self._clients.sync_scripts()
+            for at in _missing_scripts(replies):  # NOSCRIPT: EVAL, which caches it
+                replies[at] = scripts[ops[at].name]((keys[at],), self._args(ops[at]))
+        return self._results(ops, keys, replies)
+
+    async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        """``run_many`` for asyncio code."""
+        keys, pipe = self._pipeline(self._clients.async_client(), ops)
+        with Unavailable("batch"):
+            replies = await pipe.execute(raise_on_error=False)
+            scripts = self._clients.async_scripts()
+            for at in _missing_scripts(replies):
+                replies[at] = await scripts[ops[at].name]((keys[at],), self._args(ops[at]))
+        return self._results(ops, keys, replies)
+
+    def _pipeline(self, client: Any, ops: Sequence[Op[Any]]) -> tuple[list[str], Any]:
+        """The operations' keys, and a pipeline (no transaction) of their EVALSHAs."""
+        keys = [key_of(self.prefix, op.key) for op in ops]
+        pipe = client.pipeline(transaction=False)
+        shas = script_shas()
+        for op, key in zip(ops, keys, strict=True):
+            pipe.evalsha(shas[op.name], 1, key, *self._args(op))
+        return keys, pipe
+
+    def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:
+        return [self._result(*each) for each in zip(ops, keys, replies, strict=True)]
+
+    def _known(self, op: Op[R]) -> tuple[str, R | None]:
+        """The operation's Redis key, and its result if the open-key view knows it (a gate)."""
+        key = key_of(self.prefix, op.key)
+        view = self.open_keys
+        if view is not None and type(op) is Gate:
+            known: Any = view.answer(key)  # a Gate's result is a VelocityVerdict
+            return key, known
+        return key, None
+
+    def _args(self, op: Op[Any]) -> Args:
         now = "" if self.clock is None else repr(float(self.clock()))
-        return codec, (key_of(self.prefix, op.key),), codec.args(op, now, self._ttl_ms)
+        return CODECS[type(op)].args(op, now, self._ttl_ms)
 
     def _now(self) -> float | None:
         return None if self.clock is None else float(self.clock())
+
+    def _result(self, op: Op[R], key: str, reply: Any) -> R:
+        result: R = CODECS[type(op)].result(op, reply)
+        if self.open_keys is not None:
+            self.open_keys.learn(op, key, result)
+        return result
+
+
+def _missing_scripts(replies: list[Any]) -> Iterator[int]:
+    """The replies of a pipeline that failed for want of their script (the server restarted
+    or flushed its scripts); any other error is raised."""
+    for at, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError):
+            yield at
+        elif isinstance(reply, Exception):
+            raise reply

@@ -47,6 +47,7 @@ __all__ = [
     "Clients",
     "SyncClient",
     "Unavailable",
+    "script_shas",
     "unavailable",
 ]
 
@@ -117,7 +118,15 @@ class _Script:
     def __init__(self, client: Any, source: str) -> None:
         self.client = client
         self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.sha = hashlib.sha1(source.encode()).hexdigest()  # as script_shas()
+
+
+@functools.cache
+def script_shas() -> dict[str, str]:
+    """The SHA1 of each operation's script (EVALSHA in a pipeline)."""
+    return {
+        name: hashlib.sha1(source.encode()).hexdigest() for name, source in script_sources().items()
+    }
 
 
 class SyncScript(_Script):
@@ -236,6 +245,17 @@ class Clients:
             described=described,
             make_readers=readers,
         )
+
+    def subscriber_client(self) -> SyncClient:
+        """A client for a long-lived subscription (``open_keys``): on a connection of its own,
+        never one of the decisions' pool, which may be small. A cluster client subscribes on
+        a connection of one node's pool."""
+        client = self.sync_client()
+        if isinstance(client, redis.cluster.RedisCluster):
+            return client
+        pool = client.connection_pool
+        own = redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+        return redis.Redis(connection_pool=own)
 
     def sync_scripts(self) -> Mapping[str, SyncCall]:
         scripts = self._sync_scripts

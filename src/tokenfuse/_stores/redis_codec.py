@@ -26,6 +26,7 @@ from .ops import (
     ReadState,
     ReadStatus,
     Record,
+    RecordBatch,
     Reset,
     StoredState,
     Unset,
@@ -178,6 +179,10 @@ def _record_args(op: Record, now: str, ttl: str) -> Args:
     return (now, ttl, _number(op.amount), _velocity_policy(op.velocity))
 
 
+def _record_batch_args(op: RecordBatch, now: str, ttl: str) -> Args:
+    return (now, ttl, _velocity_policy(op.velocity), *map(_number, op.amounts))
+
+
 def _admit_args(op: Admit, now: str, ttl: str) -> Args:
     velocity, bucket = _velocity_policy(op.velocity), _bucket_policy(op.bucket)
     return (now, ttl, _number(op.cost), _number(op.amount), velocity, bucket)
@@ -227,7 +232,7 @@ def _bucket_fields(fields: Sequence[Any]) -> BucketVerdict:
     )
 
 
-def _velocity_verdict(op: Gate | Record, reply: bytes | str) -> VelocityVerdict:
+def _velocity_verdict(op: Gate | Record | RecordBatch, reply: bytes | str) -> VelocityVerdict:
     fields = reply.split()
     if len(fields) == 1:  # '1': allowed, nothing else to say (a fresh object: verdicts mutate)
         return VelocityVerdict(allowed=True)
@@ -283,6 +288,7 @@ class Codec(Generic[OpT, T]):
 CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     Gate: Codec(_now_only, _velocity_verdict),
     Record: Codec(_record_args, _velocity_verdict),
+    RecordBatch: Codec(_record_batch_args, _velocity_verdict),
     Admit: Codec(_admit_args, _admit_verdict),
     ReadStatus: Codec(_now_only, _status),
     ReadState: Codec(_now_only, _key_state),

@@ -28,10 +28,8 @@ KeyOption: TypeAlias = "str | Identity | Callable[[Any], str | Identity | None] 
 
 _API_KEY_HEADERS = (b"x-api-key", b"api-key", b"x-goog-api-key")
 _CREDENTIAL_HEADERS = frozenset((b"authorization", *_API_KEY_HEADERS))
-_CACHE_SIZE = 1024
 
 _scope: ContextVar[Identity | None] = ContextVar("tokenfuse_scope", default=None)
-_secrets: dict[str, Identity] = {}
 
 
 @contextmanager
@@ -99,15 +97,6 @@ def _from_authorization(value: str) -> str | None:
     return value.strip() or None
 
 
-def _secret_identity(secret: str) -> Identity:
-    identity = _secrets.get(secret)
-    if identity is None:
-        if len(_secrets) >= _CACHE_SIZE:
-            _secrets.clear()  # a rotating flood of keys must not grow memory; rebuilding is cheap
-        identity = _secrets[secret] = Identity.secret(secret)
-    return identity
-
-
 class KeyResolver:
     """Resolves the identity of one outbound request (the order is in the module docstring)."""
 
@@ -143,5 +132,5 @@ class KeyResolver:
         if secret is None and url.query:  # the query is parsed only when it may be needed
             secret = _param_credential(url.params)
         if secret is not None:
-            return _secret_identity(secret)
+            return Identity.secret(secret)  # cached per credential, in bounded memory
         return Identity.named(f"host:{url.host or 'unknown'}")

@@ -3,20 +3,22 @@
 ``Metering.start`` describes the response to the usage side (``reader_for_response``, once)
 and puts a ``FuseReport`` in its extensions; the ``Meter`` it returns is fed the body (at once
 when the response came back already read, else by the stream wrapper as chunks pass) and
-settled exactly once. No I/O here: recording the amount is the transports' own settle step.
+settled exactly once. When the response reported no usage, the settled amount is an estimate
+(``estimate``, on by default: the request's text plus the generated text, see
+``tokenfuse._usage.estimate``), and calls not counted whole are told to ``fuse.stats``
+(``account``). No I/O here: recording the amount is the transports' own settle step.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .._events import logger
-from .._fuse import Decision
+from .._fuse import Decision, Fuse
 from .._identity import Identity
-from .._observe import WATCHERS, CallFacts, call_facts, metered
+from .._observe import WATCHERS, call_facts, metered
 from .._usage import (
     ExtractorRegistry,
     ResponseHead,
@@ -25,37 +27,27 @@ from .._usage import (
     default_registry,
     reader_for_response,
 )
+from .._usage.estimate import with_input
+from .account import account
+from .usage_option import Sending, sent_body
 
-__all__ = ["EXTENSION", "FuseReport", "Meter", "Metering", "log_once"]
+__all__ = ["EXTENSION", "FuseReport", "Meter", "Metering"]
 
 #: The key of the ``FuseReport`` in ``response.extensions`` (and of per-request options in
 #: ``request.extensions``: ``{"tokenfuse": {"key": "agent-7"}}``).
 EXTENSION = "tokenfuse"
 
-_MAX_LOGGED = 256
 _UNKNOWN = "unknown"
-_logged: set[tuple[str, str]] = set()
+_failures_logged: set[str] = set()
 
 
-def log_once(provider: str, problem: str, exc: BaseException | None = None) -> None:
-    """Log a usage problem the first time it is seen in this process.
-
-    A provider that never sends usage (an OpenAI stream without ``include_usage``) would
-    otherwise log on every call. The set is bounded: problems past the first few hundred
-    distinct ones are no longer logged at all.
-    """
-    marker = (provider, problem)
-    if marker in _logged or len(_logged) >= _MAX_LOGGED:
+def _log_failure(exc: Exception) -> None:
+    """Log the traceback of a failing registry, once per kind of exception in this process."""
+    name = type(exc).__name__
+    if name in _failures_logged or len(_failures_logged) >= 64:
         return
-    _logged.add(marker)
-    logger.log(
-        logging.WARNING,
-        "tokenfuse could not count the tokens of a response (provider: %s): %s. It is recorded "
-        "as unknown; further occurrences are not logged.",
-        provider,
-        problem,
-        exc_info=exc,
-    )
+    _failures_logged.add(name)
+    logger.warning("tokenfuse: choosing a usage reader failed", exc_info=exc)
 
 
 @dataclass(slots=True, eq=False)
@@ -77,10 +69,13 @@ class FuseReport:
         gate: the decision taken before sending (always allowed here: a refusal raises).
         usage: the tokens read from the response; ``None`` while a stream is still being read
             and for responses that are not LLM calls (no reader matched them).
-            ``usage.total is None`` means the amount is unknown (nothing was recorded).
+            ``usage.estimated`` means the response reported none and the amount recorded is
+            an estimate; ``usage.total is None`` means it is unknown (nothing was recorded).
         record: the decision of recording the usage; ``None`` when nothing was recorded
             (unknown usage, a count of 0, or not finished yet).
         done: the response has been read or closed and its usage settled.
+        asked_usage: the transport added ``stream_options.include_usage`` to the request, so
+            the stream ends with a usage chunk the caller did not ask for.
     """
 
     identity: Identity
@@ -88,6 +83,7 @@ class FuseReport:
     usage: Usage | None = None
     record: Decision | None = None
     done: bool = False
+    asked_usage: bool = False
 
     @property
     def key(self) -> str:
@@ -109,18 +105,21 @@ class Meter:
     """Feeds one response's body to its usage reader and settles the result exactly once.
 
     Nothing here raises: the usage side's readers never do, and a registry that fails to choose
-    one is logged once and leaves the call's usage unknown.
+    one is logged and leaves the call's usage unknown.
     """
 
-    __slots__ = ("_failure", "_reader", "call", "identity", "report", "streaming")
+    __slots__ = ("_failure", "_metering", "_reader", "_request", "identity", "report", "streaming")
 
-    def __init__(self, identity: Identity, report: FuseReport) -> None:
+    def __init__(
+        self, metering: Metering, request: Any, identity: Identity, report: FuseReport
+    ) -> None:
+        self._metering = metering
+        self._request = request  # its body is read only for an estimate
         self.identity = identity
         self.report = report
         self._reader: UsageReader | None = None
         self._failure: str | None = None
         self.streaming = False  # a reader waits for the body, which is still to be streamed
-        self.call: CallFacts | None = None  # model and operation, read when usage is observed
 
     def read_with(self, reader: UsageReader | None, body: bytes | None) -> None:
         """Read with ``reader``: ``body`` at once if the response came back already read, else
@@ -145,21 +144,21 @@ class Meter:
             return None
         report.done = True
         usage = self._usage(complete)
+        metering = self._metering
+        if usage is not None and metering.estimate:
+            usage = with_input(usage, sent_body(self._request))
         report.usage = usage
-        if usage is None:
-            return None
-        if self.call is not None and usage.known and WATCHERS.usage:
-            metered(WATCHERS.usage, self.identity, usage, self.call)
-        if usage.problem is not None and not usage.counts_nothing:
-            log_once(usage.provider, usage.problem)
-        total = usage.total
+        account(metering.fuse, self.identity, usage, estimating=metering.estimate)
+        if usage is not None and usage.known and WATCHERS.usage:  # metrics, when observed
+            metered(WATCHERS.usage, self.identity, usage, call_facts(self._request))
+        total = usage.total if usage is not None else None
         return total if total is not None and total > 0 else None
 
     def fail(self, exc: Exception) -> None:
-        """Choosing a reader failed: log once, read nothing, report unknown."""
+        """Choosing a reader failed: log it, read nothing, report unknown."""
         self._reader = None
         self._failure = f"usage reader failed: {type(exc).__name__}"
-        log_once(_UNKNOWN, self._failure, exc)
+        _log_failure(exc)
 
     def _usage(self, complete: bool) -> Usage | None:
         reader = self._reader
@@ -176,27 +175,34 @@ def _ignore(chunk: bytes) -> None:
 
 
 class Metering:
-    """How a transport meters its responses: where their readers come from, and ``estimate``."""
+    """How a transport meters its responses: where their readers come from, whether unknown
+    usage is estimated, and the fuse whose stats count what was not read whole."""
 
-    __slots__ = ("estimate", "registry")
+    __slots__ = ("estimate", "fuse", "registry")
 
-    def __init__(self, registry: ExtractorRegistry | None, estimate: bool) -> None:
+    def __init__(self, fuse: Fuse, registry: ExtractorRegistry | None, estimate: bool) -> None:
+        self.fuse = fuse
         self.registry = registry if registry is not None else default_registry
         self.estimate = estimate
 
-    def start(self, request: Any, response: Any, identity: Identity, gate: Decision) -> Meter:
-        """The meter of one response, whose report it puts in the response's extensions.
+    def start(self, sent: Sending, response: Any, identity: Identity, gate: Decision) -> Meter:
+        """The meter of the response to ``sent``, whose report goes in the response's extensions.
+
+        A stream that will report no usage (``sent.count_text``) has its generated text
+        counted as it passes, for an estimate; other streams do without that work.
 
         A response can come back from the inner transport already read (``MockTransport`` with
         ``content=``, a caching transport): the client will not iterate its stream, so the
         body is read from memory, where it is already decoded.
         """
-        meter = Meter(identity, FuseReport(identity, gate))
-        if WATCHERS.usage:  # metrics: the model and operation of the call, for their labels
-            meter.call = call_facts(request)
+        request = sent.request
+        report = FuseReport(identity, gate, asked_usage=sent.asked)
+        meter = Meter(self, request, identity, report)
         body = _body_if_read(response)
         try:
-            reader = self._reader_for(request, response, decoded=body is not None)
+            reader = self._reader_for(
+                request, response, decoded=body is not None, count_text=sent.count_text
+            )
         except Exception as exc:  # a custom registry: its failure must not break the call
             meter.fail(exc)
         else:
@@ -204,7 +210,9 @@ class Metering:
         response.extensions[EXTENSION] = meter.report
         return meter
 
-    def _reader_for(self, request: Any, response: Any, *, decoded: bool) -> UsageReader | None:
+    def _reader_for(
+        self, request: Any, response: Any, *, decoded: bool, count_text: bool
+    ) -> UsageReader | None:
         # `decoded`: the client already decoded the body, so its content-encoding is no more.
         headers = _header_dict(response.headers)
         if decoded:
@@ -220,7 +228,7 @@ class Metering:
                 status_code=int(response.status_code),
                 request_headers=request.headers,
                 response_headers=headers,
-                estimate=self.estimate,
+                estimate=self.estimate and count_text,
             )
         except Exception:
             return None  # as `reader_for` does with a response it cannot describe

@@ -10,9 +10,13 @@ packages in ``tests/transport/test_sdks.py``):
   by default) before raising the wrapper. ``except LoopSuspected`` would never match.
 * Older Stainless-generated SDKs (groq, openai 1.x) wrap and retry every exception.
 
-So a refusal is raised as an instance of a subclass of the refusal *and* of
-``anthropic.AnthropicError`` when anthropic is imported: anthropic then lets it through untouched
-(no wrapping, no retry, no back-off sleep), and ``except LoopSuspected`` works with it too.
+So a refusal of a request made by the anthropic SDK (its headers say so: a user agent
+``Anthropic/Python ...``, ``AsyncAnthropic/...``, ``AnthropicBedrock/...``, or the SDKs'
+``x-stainless-lang`` with ``anthropic-version``) is raised as an instance of a subclass of the
+refusal *and* of ``anthropic.AnthropicError``: anthropic then lets it through untouched (no
+wrapping, no retry, no back-off sleep), and ``except LoopSuspected`` works with it too. Every
+other request gets the plain refusal, so that ``except anthropic.AnthropicError`` around an
+openai call cannot swallow it and ``type(exc) is LoopSuspected`` holds.
 For SDKs that wrap everything, ``unwrap_refusals()`` finds the refusal in the ``__cause__``
 chain and raises it. Retries can never spend tokens either way: every retry passes the gate
 again, and the key stays open, so no byte of it leaves the process.
@@ -20,6 +24,7 @@ again, and the key stays open, so no byte of it leaves the process.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,10 +35,19 @@ from .._events import logger
 from .._fuse import Decision
 from .._throttle import Throttle
 
-__all__ = ["Gatekeeper", "find_refusal", "for_sdks", "raise_if_refused", "unwrap_refusals"]
+__all__ = [
+    "Gatekeeper",
+    "find_refusal",
+    "for_sdks",
+    "raise_if_refused",
+    "through_anthropic_sdk",
+    "unwrap_refusals",
+]
 
 # (module, exception base): SDKs that pass their own errors through and wrap all others.
 _PASS_THROUGH = (("anthropic", "AnthropicError"),)
+# The Stainless-made SDKs send "<client class>/Python <version>" as their user agent.
+_SDK_AGENT = re.compile(r"(?:Async)?(\w+)/Python\b")
 
 _mixed: dict[tuple[type[FuseTripped], tuple[type[Exception], ...]], type[FuseTripped]] = {}
 
@@ -75,11 +89,19 @@ def for_sdks(error: FuseTripped) -> FuseTripped:
     return mixed
 
 
-def raise_if_refused(gate: Decision) -> None:
-    """``gate.raise_if_refused()``, with the refusal in a form the loaded SDKs let through."""
+def through_anthropic_sdk(headers: Any) -> bool:
+    """Whether a request with these headers was made by the anthropic SDK."""
+    agent = _SDK_AGENT.match(headers.get("user-agent", ""))
+    if agent is not None:
+        return agent.group(1).startswith("Anthropic")
+    return "x-stainless-lang" in headers and "anthropic-version" in headers
+
+
+def raise_if_refused(gate: Decision, request: Any) -> None:
+    """``gate.raise_if_refused()``; for the anthropic SDK's requests, in a form it lets through."""
     error = gate.error
     if not gate.allowed and error is not None:
-        raise for_sdks(error)
+        raise for_sdks(error) if through_anthropic_sdk(request.headers) else error
 
 
 def find_refusal(exc: BaseException) -> FuseTripped | None:
@@ -135,7 +157,7 @@ class Gatekeeper:
         if gate.allowed or gate.error is None:
             return
         if not self.shadow:
-            raise_if_refused(gate)
+            raise_if_refused(gate, request)
         held = self._log.take()
         if held is not None:
             logger.warning(

@@ -9,6 +9,10 @@ time, which costs the stream nothing). The usage is settled (read and recorded) 
 * when the client closes it before the end (``break`` out of ``iter_lines``, an SDK stream
   closed early): what was seen, partial.
 
+The start of an error body can also be read before the response is returned (to see whether a
+server refused the usage option, ``usage_option``): ``read_head`` takes it, and a
+``ReplayedStream`` gives the client the whole body all the same.
+
 Each client checks that a response stream is an instance of its own library's
 ``SyncByteStream``/``AsyncByteStream``, so the concrete classes are built once per library
 from the mixins below (``sync_stream_type``/``async_stream_type``).
@@ -17,12 +21,23 @@ from the mixins below (``sync_stream_type``/``async_stream_type``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from .compat import Flavor
 from .meter import Meter
 
-__all__ = ["AsyncMeteredStream", "MeteredStream", "async_stream_type", "sync_stream_type"]
+__all__ = [
+    "AsyncMeteredStream",
+    "AsyncReplayedStream",
+    "MeteredStream",
+    "ReplayedStream",
+    "aread_head",
+    "async_replayed_type",
+    "async_stream_type",
+    "read_head",
+    "replayed_type",
+    "sync_stream_type",
+]
 
 Settle = Callable[[Meter, bool], None]
 ASettle = Callable[[Meter, bool], Awaitable[None]]
@@ -91,28 +106,91 @@ class AsyncMeteredStream:
             await self._settle(self._meter, False)
 
 
-_sync_types: dict[str, type[MeteredStream]] = {}
-_async_types: dict[str, type[AsyncMeteredStream]] = {}
+def read_head(stream: _InnerStream, limit: int) -> tuple[bytes, Iterator[bytes]]:
+    """The first ``limit`` bytes (about) of ``stream``, and the iterator of the rest."""
+    rest = iter(stream)
+    head = b""
+    for chunk in rest:
+        head += chunk
+        if len(head) >= limit:
+            break
+    return head, rest
+
+
+async def aread_head(stream: _AsyncInnerStream, limit: int) -> tuple[bytes, AsyncIterator[bytes]]:
+    """The async form of ``read_head``."""
+    rest = aiter(stream)
+    head = b""
+    async for chunk in rest:
+        head += chunk
+        if len(head) >= limit:
+            break
+    return head, rest
+
+
+class ReplayedStream:
+    """Sync mixin: a body whose head was read already, given whole: the head, then the rest."""
+
+    def __init__(self, head: bytes, rest: Iterator[bytes], inner: _InnerStream) -> None:
+        self._head = head
+        self._rest = rest
+        self._inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._head:
+            yield self._head
+        yield from self._rest
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AsyncReplayedStream:
+    """Async mixin: the same as ``ReplayedStream``."""
+
+    def __init__(self, head: bytes, rest: AsyncIterator[bytes], inner: _AsyncInnerStream) -> None:
+        self._head = head
+        self._rest = rest
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._head:
+            yield self._head
+        async for chunk in self._rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+T = TypeVar("T")
+_types: dict[tuple[type[Any], str], type[Any]] = {}
+
+
+def _of_library(mixin: type[T], base: type[Any], flavor: Flavor) -> type[T]:
+    """``mixin`` as a stream class of ``flavor``'s library (``base`` is its stream base)."""
+    kind = _types.get((mixin, flavor.name))
+    if kind is None:
+        namespace = {"__module__": __name__}
+        kind = _types[(mixin, flavor.name)] = type(mixin.__name__, (mixin, base), namespace)
+    return cast("type[T]", kind)
 
 
 def sync_stream_type(flavor: Flavor) -> type[MeteredStream]:
     """``MeteredStream`` as a ``SyncByteStream`` of ``flavor``'s library."""
-    kind = _sync_types.get(flavor.name)
-    if kind is None:
-        bases: tuple[type[Any], ...] = (MeteredStream, flavor.sync_stream_base)
-        kind = _sync_types[flavor.name] = cast(
-            "type[MeteredStream]", type("MeteredStream", bases, {"__module__": __name__})
-        )
-    return kind
+    return _of_library(MeteredStream, flavor.sync_stream_base, flavor)
 
 
 def async_stream_type(flavor: Flavor) -> type[AsyncMeteredStream]:
     """``AsyncMeteredStream`` as an ``AsyncByteStream`` of ``flavor``'s library."""
-    kind = _async_types.get(flavor.name)
-    if kind is None:
-        bases: tuple[type[Any], ...] = (AsyncMeteredStream, flavor.async_stream_base)
-        kind = _async_types[flavor.name] = cast(
-            "type[AsyncMeteredStream]",
-            type("AsyncMeteredStream", bases, {"__module__": __name__}),
-        )
-    return kind
+    return _of_library(AsyncMeteredStream, flavor.async_stream_base, flavor)
+
+
+def replayed_type(flavor: Flavor) -> type[ReplayedStream]:
+    """``ReplayedStream`` as a ``SyncByteStream`` of ``flavor``'s library."""
+    return _of_library(ReplayedStream, flavor.sync_stream_base, flavor)
+
+
+def async_replayed_type(flavor: Flavor) -> type[AsyncReplayedStream]:
+    """``AsyncReplayedStream`` as an ``AsyncByteStream`` of ``flavor``'s library."""
+    return _of_library(AsyncReplayedStream, flavor.async_stream_base, flavor)

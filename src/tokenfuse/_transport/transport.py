@@ -3,32 +3,47 @@
 One call goes through five steps, each in one place: **identify** the key it spends for
 (``identity.KeyResolver``), **gate** it (``Fuse.gate``; a refusal raises before a byte leaves
 the process, or in shadow mode is only logged: ``refusal.Gatekeeper``), **send** it (the inner
-transport), **meter** the response (``meter.Metering``: the usage side picks its reader, the
-report goes in its extensions) and **settle** the usage (``_settle``: the amount is recorded
-once the body is read, at once or when a stream ends or closes). So a call costs at most two
-store round trips, and a call whose usage trips the key still returns its (already paid for)
-response. Responses that carry no countable usage skip the record.
+transport; an OpenAI-style stream is asked for its usage on the way, ``usage_option``),
+**meter** the response
+(``meter.Metering``: the usage side picks its reader, the report goes in its extensions) and
+**settle** the usage (``_settle``: the amount is recorded once the body is read, at once or when
+a stream ends or closes; or handed to a ``Recorder``, ``record="background"``). So a call costs
+at most two store round trips (on Redis the gate is usually answered from the store's local
+view of open keys, and background records go in batches), and a call whose usage trips the key
+still returns its (already paid for) response. Responses that carry no
+countable usage skip the record.
 
 Both classes work inside ``httpx`` 0.28 and ``httpx2`` 2.x clients: the library is taken from
 the request, and its default transport is built on first use when no ``inner`` is given.
-They differ only where they do I/O: the inner transport and the store.
+They differ only where they do I/O: the inner transport and the store. Each refuses, with a
+``ConfigurationError`` that names the other, to serve a client of the other kind.
 """
 
 from __future__ import annotations
 
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Fuse, default_fuse
 from .._usage import ExtractorRegistry
+from .._usage.request import ERROR_HEAD
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .meter import Meter, Metering
+from .recorder import Recorder
 from .refusal import Gatekeeper
-from .stream import async_stream_type, sync_stream_type
+from .stream import (
+    aread_head,
+    async_replayed_type,
+    async_stream_type,
+    read_head,
+    replayed_type,
+    sync_stream_type,
+)
+from .usage_option import Sending, UsageOption
 
 __all__ = ["AsyncFuseTransport", "FuseTransport"]
 
@@ -79,6 +94,29 @@ def _serving_fuse(fuse: Fuse | None, *, sync: bool) -> Fuse:
     return fuse
 
 
+RecordMode = Literal["inline", "background"]
+
+
+def _recorder(fuse: Fuse, record: RecordMode) -> Recorder | None:
+    if record == "background":
+        return Recorder(fuse)
+    if record != "inline":
+        raise ConfigurationError(f'record must be "inline" or "background", not {record!r}')
+    return None
+
+
+def _wrong_client(transport: object) -> ConfigurationError:
+    if isinstance(transport, FuseTransport):
+        return ConfigurationError(
+            "FuseTransport is a sync transport and this is an async client: use "
+            "AsyncFuseTransport with httpx.AsyncClient or httpx2.AsyncClient"
+        )
+    return ConfigurationError(
+        "AsyncFuseTransport is an async transport and this is a sync client: use "
+        "FuseTransport with httpx.Client or httpx2.Client"
+    )
+
+
 def _record_failed(exc: Exception) -> None:
     # Only a fail_closed fuse raises here, and it has reported the outage already. The
     # response is paid for and must reach the caller; the next gate enforces fail_closed.
@@ -102,8 +140,17 @@ class FuseTransport(_SyncBase):
             ``tokenfuse.scope(...)`` and ``request.extensions["tokenfuse"]["key"]`` win over it.
         registry: where usage readers come from (default: the built-in providers plus
             whatever was registered on ``tokenfuse``'s default registry).
-        estimate: for streams that carry no usage, record an estimate from the generated text
-            (flagged ``usage.estimated``) instead of leaving the amount unknown.
+        estimate: when a response reports no usage, record an estimate (flagged
+            ``usage.estimated``): the text the request sent plus the text a stream that was
+            not asked for usage generated, at 4 bytes a token. ``False`` leaves the amount
+            unknown and records nothing. Either way such calls are counted in ``fuse.stats``.
+        inject_usage: add ``"stream_options": {"include_usage": true}`` to OpenAI-style
+            chat/completions streaming requests that do not ask for their usage, so that their
+            streams report it (they end with one more chunk, with empty ``choices``). A server
+            that refuses the option gets the request again as it was made.
+        record: ``"inline"`` records each call's usage before its response is handed over;
+            ``"background"`` hands it over at once and records in batches off the caller's
+            path (``recorder``: one round trip per batch, flushed on ``close()``).
         shadow: decide, count and report, but never refuse: a call the gate would refuse is
             sent anyway and logged (at most a line a second), as the middleware's shadow mode
             does. Default: ``TOKENFUSE_SHADOW`` (off).
@@ -119,13 +166,17 @@ class FuseTransport(_SyncBase):
         fuse: Fuse | None = None,
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
-        estimate: bool = False,
+        estimate: bool = True,
+        inject_usage: bool = True,
+        record: RecordMode = "inline",
         shadow: bool | None = None,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
-        self._metering = Metering(registry, estimate)
+        self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._usage_option = UsageOption(inject_usage, self.fuse)
+        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
@@ -146,8 +197,8 @@ class FuseTransport(_SyncBase):
         identity = self._identify(request)
         gate = self.fuse.gate(identity)
         self._gate.check(gate, request)
-        response = self._inner_for(flavor).handle_request(request)
-        meter = self._metering.start(request, response, identity, gate)
+        response, sent = self._send(flavor, request)
+        meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = sync_stream_type(flavor)(response.stream, meter, self._settle)
         else:
@@ -155,10 +206,34 @@ class FuseTransport(_SyncBase):
         return response
 
     def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()
         if self._inner is not None:
             self._inner.close()
         for made in self._made.values():
             made.close()
+
+    async def __aenter__(self) -> None:
+        raise _wrong_client(self)
+
+    async def handle_async_request(self, request: Any) -> Any:
+        raise _wrong_client(self)
+
+    async def aclose(self) -> None:
+        pass  # nothing was opened through the wrong face; closing must not hide its error
+
+    def _send(self, flavor: Flavor, request: Any) -> tuple[Any, Sending]:
+        inner = self._inner_for(flavor)
+        sending = self._usage_option.prepare(request, flavor)
+        response = inner.handle_request(sending.request)
+        if not self._usage_option.may_be_refused(sending, response):
+            return response, sending
+        head, rest = read_head(response.stream, ERROR_HEAD)
+        if not self._usage_option.refused(sending, response, head):
+            response.stream = replayed_type(flavor)(head, rest, response.stream)
+            return response, sending
+        response.stream.close()
+        return inner.handle_request(request), sending.as_made()
 
     def _inner_for(self, flavor: Flavor) -> _InnerTransport:
         if self._inner is not None:
@@ -175,6 +250,9 @@ class FuseTransport(_SyncBase):
         amount = meter.finish(complete=complete)
         if amount is None:
             return
+        if self._recorder is not None:
+            self._recorder.submit(meter, amount)
+            return
         try:
             meter.report.record = self.fuse.record(meter.identity, amount)
         except Exception as exc:
@@ -187,7 +265,8 @@ class AsyncFuseTransport(_AsyncBase):
     >>> client = httpx.AsyncClient(transport=AsyncFuseTransport())   # doctest: +SKIP
 
     Takes the same arguments as ``FuseTransport``; ``inner`` defaults to the library's
-    ``AsyncHTTPTransport()`` and the fuse's store must have async methods.
+    ``AsyncHTTPTransport()`` and the fuse's store must have async methods (and a sync face
+    too with ``record="background"``, whose worker is a thread).
     """
 
     def __init__(
@@ -197,13 +276,17 @@ class AsyncFuseTransport(_AsyncBase):
         fuse: Fuse | None = None,
         key: KeyOption = None,
         registry: ExtractorRegistry | None = None,
-        estimate: bool = False,
+        estimate: bool = True,
+        inject_usage: bool = True,
+        record: RecordMode = "inline",
         shadow: bool | None = None,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
-        self._metering = Metering(registry, estimate)
+        self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._usage_option = UsageOption(inject_usage, self.fuse)
+        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _AsyncInnerTransport] = {}
 
@@ -223,8 +306,8 @@ class AsyncFuseTransport(_AsyncBase):
         identity = self._identify(request)
         gate = await self.fuse.agate(identity)
         self._gate.check(gate, request)
-        response = await self._inner_for(flavor).handle_async_request(request)
-        meter = self._metering.start(request, response, identity, gate)
+        response, sent = await self._send(flavor, request)
+        meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = async_stream_type(flavor)(response.stream, meter, self._settle)
         else:
@@ -232,10 +315,34 @@ class AsyncFuseTransport(_AsyncBase):
         return response
 
     async def aclose(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()  # a join of at most FLUSH_WAIT: the worker is a thread
         if self._inner is not None:
             await self._inner.aclose()
         for made in self._made.values():
             await made.aclose()
+
+    def __enter__(self) -> None:
+        raise _wrong_client(self)
+
+    def handle_request(self, request: Any) -> Any:
+        raise _wrong_client(self)
+
+    def close(self) -> None:
+        pass  # nothing was opened through the wrong face; closing must not hide its error
+
+    async def _send(self, flavor: Flavor, request: Any) -> tuple[Any, Sending]:
+        inner = self._inner_for(flavor)
+        sending = self._usage_option.prepare(request, flavor)
+        response = await inner.handle_async_request(sending.request)
+        if not self._usage_option.may_be_refused(sending, response):
+            return response, sending
+        head, rest = await aread_head(response.stream, ERROR_HEAD)
+        if not self._usage_option.refused(sending, response, head):
+            response.stream = async_replayed_type(flavor)(head, rest, response.stream)
+            return response, sending
+        await response.stream.aclose()
+        return await inner.handle_async_request(request), sending.as_made()
 
     def _inner_for(self, flavor: Flavor) -> _AsyncInnerTransport:
         if self._inner is not None:
@@ -249,6 +356,9 @@ class AsyncFuseTransport(_AsyncBase):
     async def _settle(self, meter: Meter, complete: bool) -> None:
         amount = meter.finish(complete=complete)
         if amount is None:
+            return
+        if self._recorder is not None:
+            self._recorder.submit(meter, amount)  # never waits (inline only when full)
             return
         try:
             meter.report.record = await self.fuse.arecord(meter.identity, amount)

@@ -32,6 +32,10 @@ compression, streams, estimates)::
 
 For anything else, implement `UsageReader` (``feed(chunk)``, ``finish(*, complete)``) yourself;
 exceptions from custom extractors and readers are contained (the response reads as unknown).
+
+Two internal modules look at the request side for the transport: `request` asks OpenAI-style
+streams for their usage (``stream_options.include_usage``), and `estimate` turns the text a call
+sent and received into a flagged estimate when its response reported no usage.
 """
 
 from .model import ResponseHead, ResponseInfo, Usage, UsageReader, UsageShape

@@ -6,15 +6,9 @@ everything provider-specific comes from the `UsageShape` table.
 
 from __future__ import annotations
 
-import json
-import math
-
+from .estimate import tokens_for
 from .model import Usage, UsageShape, as_count
 from .scan import scanner_for
-
-# The opt-in estimate: about 4 characters of English text per token (OpenAI's rule of thumb).
-# It covers generated text only (the request body is not visible here), so it is a lower bound.
-CHARS_PER_TOKEN = 4
 
 CLOSED_EARLY = "stream closed before usage"
 NO_USAGE_BODY = "no usage in response body"
@@ -32,18 +26,18 @@ class Accumulator:
         "_pending",
         "_scanner",
         "_shape",
+        "_text",
         "_valued_at",
-        "chars",
         "counts",
         "cut",
         "end_seen",
         "errored",
-        "estimate",
         "http_error",
         "invalid",
         "problem",
         "provider",
         "streaming",
+        "text_bytes",
     )
 
     def __init__(
@@ -63,11 +57,13 @@ class Accumulator:
         self._markers = scanner.markers
         self._valued_at = scanner.valued_at  # bound once: it runs on every batch of chunks
         self.provider = provider
-        self.estimate = estimate and shape.count_text is not None
+        # Generated text is counted only for an estimate, and only where the shape says
+        # where it is.
+        self._text = scanner.text if estimate else None
         self.http_error = http_error
         self.streaming = streaming
         self.counts: dict[str, float] = {}
-        self.chars = 0
+        self.text_bytes = 0  # of generated text seen, for an estimate
         self.end_seen = False  # a provider's end marker arrived: what we have is final
         self.errored = False  # the stream reported an error in-band
         self.cut = False  # we stopped reading (decode failure, size bound)
@@ -91,9 +87,12 @@ class Accumulator:
         run of them let the framer skip them without looking at a single line, and read the
         rest from the record this points into. A hit where nothing matters costs only time
         (that record is read and found empty), so the searches may be loose.
+
+        Every run of records passes here exactly once, so this is also where the generated text
+        is counted for an estimate.
         """
-        if self.estimate:
-            return 0
+        if self._text is not None:
+            self.text_bytes += self._text.count(region)
         first = -1
         for marker in self._markers:
             at = region.find(marker)  # find, not `in`: bytes.__contains__ tries int first
@@ -122,11 +121,9 @@ class Accumulator:
         for key in self._end_keys:
             if data.find(key) >= 0:
                 self.end_seen = True
-        if self.estimate:
-            self._parse_all(data)
-        elif not self._scanner.has_value(data):
+        if not self._scanner.has_value(data):
             return
-        elif self._shape.whole_objects:
+        if self._shape.whole_objects:
             self._pending = data  # superseded by any later one: parsed only if it stays last
         else:
             self._take_payload(data)
@@ -134,14 +131,6 @@ class Accumulator:
     def _take_payload(self, data: bytes) -> None:
         if not self.take_last(data) and not self.invalid:
             self.note("malformed JSON in stream")
-
-    def _parse_all(self, data: bytes) -> None:
-        try:
-            parsed = json.loads(data)
-        except (ValueError, RecursionError):  # RecursionError: absurdly nested input
-            self.note("malformed JSON in stream")
-            return
-        self.observe(parsed)
 
     def take_last(self, data: bytes) -> bool:
         """Take the last usage object in raw JSON `data` that holds a count."""
@@ -160,9 +149,11 @@ class Accumulator:
                 node = node.get(key) if isinstance(node, dict) else None
             if isinstance(node, dict) and self.take(node):
                 break
-        count_text = self._shape.count_text
-        if self.estimate and count_text is not None:
-            self.chars += count_text(doc)
+
+    def body_text(self, body: bytes | bytearray) -> None:
+        """A whole JSON body (not a stream): count its generated text for an estimate."""
+        if self._text is not None:
+            self.text_bytes += self._text.count(body)
 
     def take(self, node: dict[str, object]) -> bool:
         """Read the count fields of one usage object; True if any was a valid count."""
@@ -188,16 +179,6 @@ class Accumulator:
             return self._combine(partial)
         if self.http_error:
             return Usage.nothing(self.provider)  # an error status without usage spent nothing
-        if self.estimate and self.chars:
-            tokens = float(math.ceil(self.chars / CHARS_PER_TOKEN))
-            return Usage(
-                total=tokens,
-                output=tokens,
-                provider=self.provider,
-                partial=partial,
-                estimated=True,
-                problem="no usage reported; estimated from streamed text",
-            )
         if self.invalid:
             self.note("invalid usage numbers ignored")
         if self.errored:
@@ -205,7 +186,18 @@ class Accumulator:
         if partial:
             self.note(CLOSED_EARLY)
         self.note(self._shape.missing_hint if self.streaming else NO_USAGE_BODY)
-        return Usage.unknown(self.provider, self.problem or "", partial=partial)
+        problem = self.problem or ""
+        if self.text_bytes:
+            tokens = tokens_for(self.text_bytes)
+            return Usage(
+                total=tokens,
+                output=tokens,
+                provider=self.provider,
+                partial=partial,
+                estimated=True,
+                problem=problem,
+            )
+        return Usage.unknown(self.provider, problem, partial=partial)
 
     def _sum(self, fields: tuple[str, ...]) -> float | None:
         # A plain loop: this runs for every response, and building a list to sum costs more

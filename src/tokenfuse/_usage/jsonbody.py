@@ -50,6 +50,9 @@ class JsonBodyFramer:
             else:
                 sink.observe(parsed)
                 sink.end_seen = True  # the whole body is here, however the stream was closed
+                if not sink.counts:
+                    sink.body_text(self._buf)
                 return
         if not sink.take_last(bytes(self._buf)):
             sink.note("no usage found in the tail of a large or truncated body")
+            sink.body_text(self._buf)

@@ -10,7 +10,7 @@ see it as a `ResponseInfo` (normalised, with the query and the request headers).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -81,9 +81,6 @@ def header_count(value: str | None) -> float | None:
     return as_count(int(text))
 
 
-TextCounter = Callable[[Mapping[str, object]], int]
-
-
 @dataclass(frozen=True, slots=True)
 class UsageShape:
     """Where one provider family reports usage, as a table.
@@ -104,7 +101,8 @@ class UsageShape:
         or one final object), so only the last one is read. False when fields arrive in
         different objects (Anthropic: input in message_start, output in message_delta).
     missing_hint: the problem reported for a complete stream that carried no usage.
-    count_text: characters of generated text in a payload, for the opt-in estimate.
+    text_keys: the keys whose string values are generated text, wherever they sit in a payload;
+        their bytes are what an estimate counts as output when no usage is reported.
     """
 
     containers: tuple[tuple[str, ...], ...]
@@ -115,7 +113,7 @@ class UsageShape:
     end_keys: tuple[bytes, ...] = ()
     whole_objects: bool = True
     missing_hint: str = "no usage in stream"
-    count_text: TextCounter | None = None
+    text_keys: tuple[str, ...] = ()
 
     @property
     def fields(self) -> tuple[str, ...]:

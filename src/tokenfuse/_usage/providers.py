@@ -14,36 +14,10 @@ from dataclasses import dataclass, replace
 from .model import ResponseFacts, Usage, UsageReader, UsageShape, header_count
 from .readers import FixedReader, endpoint_reader
 
-
-def _text_len(value: object) -> int:
-    return len(value) if isinstance(value, str) else 0
-
-
-def openai_text_chars(doc: Mapping[str, object]) -> int:
-    """Generated characters in one OpenAI-style chunk (chat, legacy completions, Responses)."""
-    choices = doc.get("choices")
-    if not isinstance(choices, list):
-        kind = doc.get("type")
-        is_delta = isinstance(kind, str) and kind.endswith(".delta")  # Responses API events
-        return _text_len(doc.get("delta")) if is_delta else 0
-    chars = 0
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        chars += _text_len(choice.get("text"))
-        delta = choice.get("delta")
-        if not isinstance(delta, dict):
-            continue
-        for key in ("content", "reasoning_content", "reasoning", "refusal"):
-            chars += _text_len(delta.get(key))
-        calls = delta.get("tool_calls")
-        for call in calls if isinstance(calls, list) else ():
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                chars += _text_len(function.get("arguments"))
-    return chars
-
-
+# Where generated text sits: chat deltas and messages, legacy completions (`text`), tool call
+# arguments, reasoning; the Responses API streams it as `delta` strings (its `text` and
+# `output` repeat the whole answer at the end, so they are not counted twice).
+_OPENAI_TEXT = ("content", "text", "arguments", "reasoning_content", "reasoning", "refusal")
 _OPENAI_INPUT = ("prompt_tokens", "input_tokens")  # chat/completions/embeddings vs Responses
 _OPENAI_OUTPUT = ("completion_tokens", "output_tokens")
 _ANTHROPIC_INPUT = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
@@ -56,13 +30,14 @@ OPENAI = UsageShape(
     output=_OPENAI_OUTPUT,
     total=("total_tokens",),
     missing_hint="no usage in stream (stream_options.include_usage not set?)",
-    count_text=openai_text_chars,
+    text_keys=_OPENAI_TEXT,
 )
 OPENAI_RESPONSES = replace(
     OPENAI,
     containers=(("usage",), ("response", "usage")),
     end_events=_RESPONSES_END,
     missing_hint="no usage in stream",
+    text_keys=("delta",),
 )
 ANTHROPIC = UsageShape(
     containers=(("usage",), ("message", "usage")),  # message_delta / body, message_start
@@ -112,7 +87,7 @@ GENERIC = UsageShape(
     end_events=_RESPONSES_END | ANTHROPIC.end_events,
     whole_objects=False,
     missing_hint=OPENAI.missing_hint,
-    count_text=openai_text_chars,
+    text_keys=_OPENAI_TEXT,
 )
 
 
@@ -196,6 +171,24 @@ def host_provider(info: ResponseFacts, default: str) -> str:
     if info.path.startswith("/openai/deployments/"):
         return "azure"  # Azure OpenAI behind a custom domain or gateway
     return default
+
+
+# Providers whose OpenAI-style streams report usage without being asked: the request is left
+# as it is (Groq under `x_groq`, Mistral and OpenRouter on the last chunk).
+_REPORT_UNASKED = frozenset({"groq", "mistral", "openrouter"})
+
+
+def takes_usage_option(host: str, path: str) -> bool:
+    """Whether a stream from ``path`` on ``host`` reports usage only when the request asks for it
+    with ``stream_options.include_usage`` (see `request.with_usage_option`).
+
+    >>> takes_usage_option("api.openai.com", "/v1/chat/completions")
+    True
+    >>> takes_usage_option("api.groq.com", "/openai/v1/chat/completions")
+    False
+    """
+    # Chat completions and legacy completions, as OpenAI and the servers like it serve them.
+    return path.endswith("/completions") and _known_host(host) not in _REPORT_UNASKED
 
 
 def _header_usage(headers: Mapping[str, str]) -> Usage | None:

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterator
 from json import JSONDecoder
 
+from .estimate import TextCounter
 from .model import UsageShape
 
 MAX_VALUE = 64 * 1024  # a usage object is a few hundred bytes; a bigger value is something else
@@ -47,9 +48,11 @@ def value_after(data: bytes, at: int) -> object:
 class UsageScanner:
     """Finds the usage objects of one `UsageShape` in raw JSON bytes, last first."""
 
-    __slots__ = ("_containers", "_fields", "_nulls", "_valued", "markers")
+    __slots__ = ("_containers", "_fields", "_nulls", "_valued", "markers", "text")
 
     def __init__(self, shape: UsageShape) -> None:
+        #: Counts the shape's generated text, for estimates (None: the shape names none).
+        self.text = TextCounter(shape.text_keys) if shape.text_keys else None
         #: What else makes a stream record worth reading: an error, or the end of the stream
         #: (`[DONE]` of OpenAI-style streams, the shape's end events and keys).
         self.markers = (b"error", b"[DONE]", *shape.end_events, *shape.end_keys)

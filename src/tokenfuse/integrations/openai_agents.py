@@ -9,8 +9,8 @@ refusal through untouched and the Runner re-raises it, so ``Runner.run`` raises
 SDK's own ``max_turns`` (10 by default) raises ``MaxTurnsExceeded``.
 
 A Chat Completions stream carries its usage only when asked. The SDK asks by itself for
-OpenAI's own URL only: for another server, set ``ModelSettings(include_usage=True)`` on the
-agent, or its streams cannot be counted.
+OpenAI's own URL only; for any other server ``FuseTransport`` asks on its behalf (its
+``inject_usage``, on by default), so those streams are counted too.
 """
 
 from __future__ import annotations

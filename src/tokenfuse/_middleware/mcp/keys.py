@@ -11,13 +11,12 @@ call is judged under two more keys of the same store:
   tool and arguments is folded into one of ``slots`` keys per caller, so a caller cannot grow
   the store without bound by varying arguments; every key expires with the store's TTL.
 
-Keys are hashes (of the caller's own hashed key, the tool name, the fingerprint): no tool
-name or argument reaches the store. Labels, for messages, name the caller and the tool.
+Keys are identities derived from the caller's (``Identity.derived``: hashed from its digest,
+the tool name, the fingerprint's slot), keyed by the fuse's secret as every identity is: no
+tool name or argument reaches the store. Labels, for messages, name the caller and the tool.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 from ..._core.velocity import VelocityPolicy
 from ..._fuse import Fuse
@@ -29,11 +28,6 @@ __all__ = ["companion", "failure_key", "tool_key"]
 _LABEL_NAME = 48
 
 
-def _hash(*parts: str) -> str:
-    joined = "\x00".join(parts).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(joined).hexdigest()[:32]
-
-
 def _label(caller: Identity, call: Call) -> str:
     kind = "tool" if call.is_tool_call else call.method.split("/")[0].rstrip("s")
     name = "".join(ch if ch.isprintable() else "?" for ch in call.name[:_LABEL_NAME])
@@ -42,15 +36,13 @@ def _label(caller: Identity, call: Call) -> str:
 
 def tool_key(caller: Identity, call: Call) -> Identity:
     """The caller × tool identity of the per-tool velocity check."""
-    return Identity(
-        key=_hash("tool", caller.key, call.method, call.name), label=_label(caller, call)
-    )
+    return caller.derived("tool", call.method, call.name, label=_label(caller, call))
 
 
 def failure_key(caller: Identity, call: Call, slots: int) -> Identity:
     """The caller × failing-call identity: one of ``slots`` per caller."""
     slot = int(call.fingerprint[:8], 16) % slots
-    return Identity(key=_hash("failures", caller.key, str(slot)), label=_label(caller, call))
+    return caller.derived("failures", str(slot), label=_label(caller, call))
 
 
 def companion(fuse: Fuse, suffix: str, velocity: VelocityPolicy) -> Fuse:
@@ -62,6 +54,7 @@ def companion(fuse: Fuse, suffix: str, velocity: VelocityPolicy) -> Fuse:
         bucket=None,
         fail_closed=fuse.fail_closed,
         health=fuse.health,
+        secret=fuse._secret,  # the same keys and key ids as the caller's own fuse
     )
     other.hooks = fuse.hooks  # events reach the user's hooks, added before or after this
     return other

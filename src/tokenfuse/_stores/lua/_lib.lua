@@ -453,4 +453,38 @@ local function admit(v, b, cost, amount, now, vp, bp)
 end
 
 -- ---------------------------------------------------------------------------------------------
+-- Announcements (open_keys.py): every process keeps a local view of the open keys, so its gate
+-- needs no round trip. Only when a latch opens or is reset, never on an ordinary decision, a
+-- script
+--   * PUBLISHes on '<prefix>:open-keys' (plain PUBLISH reaches every node of a Cluster), a
+--     message ending with the key (a prefix may hold spaces):
+--       'o <open_until> <the gate's refusal: 8 fields> <key>'   the key opened
+--       'c <key>'                                               the key was reset (closed)
+--       'u <key>'                                               its live overrides changed
+--   * keeps a marker '<prefix>:open:{<key>}' = '<open_until> <refusal>' while the key is open
+--     (PX: it expires with the latch; same hash tag, so same slot as the key): a process
+--     that subscribes later finds the open keys with one SCAN.
+
+local function split_key(key) -- '<prefix>:{<key>}' -> prefix, '{<key>}'
+  local prefix, tagged = string.match(key, '^(.-):({.*)$')
+  return prefix, tagged
+end
+
+local function announce(key, message)
+  local prefix, tagged = split_key(key)
+  if string.sub(message, 1, 1) == 'c' then redis.call('DEL', prefix .. ':open:' .. tagged) end
+  redis.call('PUBLISH', prefix .. ':open-keys', message .. ' ' .. key)
+end
+
+-- Announce that v's latch opened during this script (it was open_until `before`).
+local function announce_trip(key, v, before, now)
+  if v == nil or v.open_until == before then return end
+  local prefix, tagged = split_key(key)
+  local state = fmt(v.open_until) .. ' ' .. refusal(v, now, 0)
+  local ttl = math.max(math.ceil((v.open_until - now) * 1000), 1)
+  redis.call('SET', prefix .. ':open:' .. tagged, state, 'PX', ttl)
+  redis.call('PUBLISH', prefix .. ':open-keys', 'o ' .. state .. ' ' .. key)
+end
+
+-- ---------------------------------------------------------------------------------------------
 -- The operation's body follows.

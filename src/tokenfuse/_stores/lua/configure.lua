@@ -10,7 +10,7 @@ ARGV[4]  capacity_override:   same convention
 ARGV[5]  rate_override /s:    same convention
 
 A key without the state an override belongs to gets a new one (first seen now; a bucket that
-starts full). Returns nothing.
+starts full). Announces the change (PUBLISH, see _lib.lua). Returns nothing.
 --]]
 
 local now = clock(ARGV[1])
@@ -27,3 +27,4 @@ if ARGV[4] ~= '' or ARGV[5] ~= '' then
   if ARGV[5] ~= '' then b.rate_override = tonumber(ARGV[5]) end
 end
 save(KEYS[1], ARGV[2], s, v, b)
+announce(KEYS[1], 'u')

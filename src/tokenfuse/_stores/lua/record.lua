@@ -11,7 +11,7 @@ ARGV[4]  velocity policy: 10 little-endian doubles: limit /min (-1 = None), spik
          half_life s, cooldown s, cooldown_max s, escalation_window s
 
 Calls TIME (unless ARGV[1] is given), GET and SET ... PX; the bucket block, if any, is
-written back as it was.
+written back as it was. A trip is announced (PUBLISH, see _lib.lua).
 
 Returns the verdict 'allowed tripped <reason code> <rate /min> <limit /min> <baseline /min>
 <multiple> <retry_after s>' (numbers as %.17g, None as nan).
@@ -20,6 +20,8 @@ Returns the verdict 'allowed tripped <reason code> <rate /min> <limit /min> <bas
 local now = clock(ARGV[1])
 local s = load_state(KEYS[1])
 local v = load_velocity(s) or new_velocity(now)
+local before = v.open_until
 local _, verdict = record(v, tonumber(ARGV[3]), now, velocity_params(ARGV[4]))
 save(KEYS[1], ARGV[2], s, v, nil)
+announce_trip(KEYS[1], v, before, now)
 return verdict
