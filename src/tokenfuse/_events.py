@@ -20,12 +20,13 @@ EventKind = Literal[
     "near_limit",
     "store_unavailable",
     "store_recovered",
-    "pool_exhausted",
+    "pool_exhausted",  # no pooled connection came free in time: back-pressure, not an outage
     "usage_estimated",
     "usage_unknown",
     "usage_partial",
-    "reset",  # a key was closed and refilled by an operator (tokenfuse.admin)
-    "configured",  # an operator changed a key's live limit or bucket (tokenfuse.admin)
+    "forgiven",  # an operator taught the fuse that a trip was legitimate (Fuse.forgive)
+    "reset",  # a key was closed and refilled by hand (``Fuse.reset``, tokenfuse.admin)
+    "configured",  # a key's live limit or bucket was changed (``set_limit``, ``set_bucket``)
 ]
 
 

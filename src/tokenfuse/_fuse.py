@@ -31,7 +31,7 @@ from ._errors import (
     StoreBusy,
     StoreUnavailable,
 )
-from ._events import FuseEvent, Hook, Hooks, logger
+from ._events import EventKind, FuseEvent, Hook, Hooks, logger
 from ._health import StoreHealth
 from ._identity import Identity
 from ._observe import WATCHERS, decided, store_failed
@@ -40,6 +40,7 @@ from ._secret import SecretSource, deployment_secret
 from ._settings import current as current_settings
 from ._stats import FuseStats
 from ._stores.base import AsyncStore, SyncStore, async_face, sync_face
+from ._stores.event_log import EventLog
 from ._stores.memory import MemoryStore
 from ._stores.ops import (
     UNSET,
@@ -146,6 +147,9 @@ class Fuse:
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
         self._async_store = async_face(self.store)
+        log = getattr(self.store, "events", None)
+        if isinstance(log, EventLog):  # every process sharing the store sees these events
+            self.hooks.add(log.recorder(name))
         apply_settings(current_settings())  # the process's observers (metrics, alerts)
 
     def __repr__(self) -> str:
@@ -252,10 +256,14 @@ class Fuse:
 
     def reset(self, who: Who) -> None:
         """Close the key at once, clear its window and escalation, refill its bucket."""
-        self._sync().run(Reset(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        self._sync().run(op := Reset(self._key(identity)))
+        self._changed(identity, op)
 
     async def areset(self, who: Who) -> None:
-        await self._async().arun(Reset(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        await self._async().arun(op := Reset(self._key(identity)))
+        self._changed(identity, op)
 
     def forgive(self, who: Who) -> None:
         """The key's last trip was legitimate: close the key at once, and teach that the rate
@@ -265,10 +273,14 @@ class Fuse:
 
         >>> fuse.forgive("nightly-batch")  # doctest: +SKIP
         """
-        self._sync().run(Forgive(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        self._sync().run(op := Forgive(self._key(identity)))
+        self._changed(identity, op)
 
     async def aforgive(self, who: Who) -> None:
-        await self._async().arun(Forgive(self._key(Identity.of(who))))
+        identity = Identity.of(who)
+        await self._async().arun(op := Forgive(self._key(identity)))
+        self._changed(identity, op)
 
     def set_limit(self, who: Who, limit: float | str | None) -> None:
         """Set (or, with None, clear) the key's manual per-minute ceiling, live, for every
@@ -276,10 +288,14 @@ class Fuse:
 
         While it is set it replaces the cold-start limits for this key, so a busy new key
         need not wait days for its baseline: ``fuse.set_limit("team-key", 500_000)``."""
-        self._sync().run(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
+        identity = Identity.of(who)
+        self._sync().run(op := Configure(self._key(identity), limit=_limit(limit)))
+        self._changed(identity, op)
 
     async def aset_limit(self, who: Who, limit: float | str | None) -> None:
-        await self._async().arun(Configure(self._key(Identity.of(who)), limit=_limit(limit)))
+        identity = Identity.of(who)
+        await self._async().arun(op := Configure(self._key(identity), limit=_limit(limit)))
+        self._changed(identity, op)
 
     def set_bucket(
         self,
@@ -289,7 +305,9 @@ class Fuse:
         capacity: float | None | Unset = UNSET,
     ) -> None:
         """Change one caller's bucket live (None restores the policy's value)."""
-        self._sync().run(self._bucket_op(who, rate, capacity))
+        identity = Identity.of(who)
+        self._sync().run(op := self._bucket_op(identity, rate, capacity))
+        self._changed(identity, op)
 
     async def aset_bucket(
         self,
@@ -298,7 +316,43 @@ class Fuse:
         rate: float | str | None | Unset = UNSET,
         capacity: float | None | Unset = UNSET,
     ) -> None:
-        await self._async().arun(self._bucket_op(who, rate, capacity))
+        identity = Identity.of(who)
+        await self._async().arun(op := self._bucket_op(identity, rate, capacity))
+        self._changed(identity, op)
+
+    def _changed(self, identity: Identity, op: Reset | Forgive | Configure) -> None:
+        """Report a change made by hand: an event, so every operator sees who changed what."""
+        self.changed_by_key(identity.label, self._id(identity), op)
+
+    def changed_by_key(self, label: str, key_id: str, op: Reset | Forgive | Configure) -> None:
+        """Report a change made by hand to the key with ``key_id`` (``tokenfuse.admin`` changes
+        a key found by its id through its store key, with no identity to name it)."""
+        if isinstance(op, Reset):
+            detail = (
+                f"key {label} [id {key_id}] reset: closed, its window cleared, its bucket refilled"
+            )
+            kind: EventKind = "reset"
+        elif isinstance(op, Forgive):
+            detail = (
+                f"key {label} [id {key_id}] forgiven: closed, and its trip's rate taught as "
+                "normal at this hour"
+            )
+            kind = "forgiven"
+        else:
+            unit = self._velocity_for_reads.unit
+            changes = [
+                f"{what} {'back to the policy' if value is None else f'{value:,g}{suffix}'}"
+                for what, value, suffix in (
+                    ("manual ceiling", op.limit, f" {unit}/min"),
+                    ("bucket capacity", op.capacity, ""),
+                    ("bucket refill", op.rate, "/s"),
+                )
+                if not isinstance(value, Unset)
+            ]
+            detail = f"key {label} [id {key_id}] set: " + ", ".join(changes)
+            kind = "configured"
+        event = FuseEvent(kind, label, detail, key_id=key_id, fuse=self.name)
+        self.hooks.emit(event, logging.INFO)
 
     # -- the operations ---------------------------------------------------------------------------
 
@@ -331,8 +385,9 @@ class Fuse:
     def _bucket_op(
         self, who: Who, rate: float | str | None | Unset, capacity: float | None | Unset
     ) -> Configure:
-        key = self._key(Identity.of(who))
-        return Configure(key, rate=_rate(rate), capacity=_capacity(capacity))
+        return Configure(
+            self._key(Identity.of(who)), rate=_rate(rate), capacity=_capacity(capacity)
+        )
 
     # -- running them ---------------------------------------------------------------------------
 

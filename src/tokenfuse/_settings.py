@@ -250,6 +250,12 @@ VARIABLES: tuple[Variable, ...] = (
         lambda v, n: 0 if str(v).strip() == "0" else _count(v, n),
         "How many of the busiest keys get per-key metric series (default 10; 0: none).",
     ),
+    Variable(
+        "TOKENFUSE_ADMIN_TOKEN",
+        "admin_token",
+        lambda v, n: str(v).strip() or None,
+        "Bearer token of the admin app (tokenfuse dashboard); unset: it serves loopback only.",
+    ),
 )
 
 _BY_SETTING = {variable.setting: variable for variable in VARIABLES}
@@ -285,6 +291,7 @@ class Settings:
     metrics: bool = True
     metrics_keys: tuple[str, ...] = ()
     metrics_top: int = 10
+    admin_token: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -352,7 +359,7 @@ class Settings:
         shown: dict[str, object] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if item.name == "secret" and value is not None:
+            if item.name in ("secret", "admin_token") and value is not None:
                 value = "(set)"
             elif item.name in ("redis_url", "alert_webhook") and value is not None:
                 value = _without_password(value)
@@ -360,7 +367,10 @@ class Settings:
         return shown
 
 
-_NULLABLE = {"redis_url", "secret", "limit", "cold_start_limit", "inbound_limit", "alert_webhook"}
+_NULLABLE = {
+    "redis_url", "secret", "limit", "cold_start_limit", "inbound_limit", "alert_webhook",
+    "admin_token",
+}  # fmt: skip
 
 
 def _read(name: str, value: Any) -> Any:

@@ -178,3 +178,15 @@ def test_entries_expire_lazily(clock: Clock) -> None:
     assert fuse.status("k").rate == 0
     fuse.record("other", 1)
     assert fuse.status("k").samples == 0
+
+
+def test_forgive_is_reported_as_an_event(clock: Clock) -> None:
+    seen: list[FuseEvent] = []
+    fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=10), on_event=seen.append)
+    fuse.record("nightly-batch", 100)
+
+    fuse.forgive("nightly-batch")
+
+    assert [event.kind for event in seen] == ["tripped", "forgiven"]
+    assert seen[-1].key_id == fuse.key_id("nightly-batch")
+    assert fuse.gate("nightly-batch").allowed

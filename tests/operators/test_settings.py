@@ -39,6 +39,7 @@ SAMPLES = {
     "TOKENFUSE_METRICS": ("off", False),
     "TOKENFUSE_METRICS_KEYS": ("3f9a0c1b2d4e, agent-42", ("3f9a0c1b2d4e", "agent-42")),
     "TOKENFUSE_METRICS_TOP": ("25", 25),
+    "TOKENFUSE_ADMIN_TOKEN": (" an-admin-token-0123 ", "an-admin-token-0123"),
 }
 
 
@@ -89,6 +90,9 @@ def test_the_repr_shows_neither_the_secret_nor_a_password() -> None:
     shown = repr(settings)
     assert "s3cr3t" not in shown and "hunter2" not in shown
     assert "redis://u:***@h:1/0" in shown
+    token = Settings.from_env({"TOKENFUSE_ADMIN_TOKEN": "admin-token-0123456789"})
+    assert "0123456789" not in repr(token)
+    assert token.describe()["admin_token"] == "(set)"
 
 
 def test_configure_wins_over_the_environment_and_checks_like_it(environment: Environment) -> None:

@@ -224,7 +224,8 @@ def test_a_fuse_over_a_one_face_store_refuses_the_other_face_clearly() -> None:
 
 def test_both_stores_run_every_operation() -> None:
     """An operation is one class in ``ops`` and one entry per store: a Lua script, except for
-    ``ListKeys``, which walks many keys (``redis_listing``)."""
+    ``ListKeys``, which walks many keys (``redis_listing``); ``ReadState`` shares ``status``'s
+    script with ``ReadStatus``."""
     from tokenfuse._stores import ops
     from tokenfuse._stores.memory import _APPLY
     from tokenfuse._stores.redis_codec import CODECS
@@ -235,4 +236,4 @@ def test_both_stores_run_every_operation() -> None:
     assert len(operations) == 9
     assert set(_APPLY) == operations
     assert set(CODECS) == operations - {ops.ListKeys}
-    assert sorted(script_sources()) == sorted(op.name for op in CODECS)
+    assert sorted(script_sources()) == sorted({op.name for op in CODECS})

@@ -1,9 +1,10 @@
 """Where operators read events from: an ``EventFeed``.
 
-``LocalEvents`` keeps the latest events of this process's fuses (``listen``) in a ring. A feed
-that reaches across processes (every process writing its operator events to the store, say)
-plugs in with ``add_feed_source``: ``feed_for(fuse)`` asks each source in turn for a feed of
-that fuse's store, and falls back to the local one. ``cross_process`` says which one it got.
+``StoreFeed`` reads the event log a store keeps (``store.events``: a Redis Stream every process
+writes its operator events to, or a ``MemoryStore``'s ring). ``LocalEvents`` keeps the latest
+events of this process's fuses (``listen``) in a ring, for a store that keeps no log. Another
+feed plugs in with ``add_feed_source``: ``feed_for(store)`` asks each source in turn, then the
+store, then falls back to the local one. ``cross_process`` says which one it got.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .._events import FuseEvent, listen
+from .._stores.event_log import EventLog, MemoryEventLog
 
-__all__ = ["EventFeed", "LocalEvents", "add_feed_source", "feed_for", "local_events"]
+__all__ = [
+    "EventFeed",
+    "LocalEvents",
+    "StoreFeed",
+    "add_feed_source",
+    "feed_for",
+    "local_events",
+]
 
 
 class EventFeed(Protocol):
@@ -78,6 +87,31 @@ class LocalEvents:
         self._stop_listening()
 
 
+class StoreFeed:
+    """The events of a store's own log (``store.events``): every process's, when the store is
+    shared (Redis), as ``FuseEvent`` values (a logged trip keeps its message, not its error).
+
+    >>> feed = StoreFeed(MemoryStore().events)
+    >>> feed.recent()
+    []
+    """
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.cross_process = not isinstance(log, MemoryEventLog)
+
+    def recent(self, limit: int = 100) -> list[FuseEvent]:
+        return [logged.event() for logged in self.log.recent(limit)]
+
+    def follow(self, stop: threading.Event, poll: float = 1.0) -> Iterator[FuseEvent]:
+        newest = self.log.recent(1)
+        after = newest[-1].id if newest else ""
+        while not stop.is_set():
+            for logged in self.log.read(after, 100, block=poll):
+                after = logged.id
+                yield logged.event()
+
+
 FeedSource = Callable[[object], EventFeed | None]
 
 _sources: list[FeedSource] = []
@@ -101,11 +135,13 @@ def local_events() -> LocalEvents:
 
 
 def feed_for(store: object) -> EventFeed:
-    """The best feed of ``store``'s events: a cross-process one if a source offers it."""
+    """The best feed of ``store``'s events: one a source offers, else the store's own log,
+    else this process's events."""
     with _lock:
         sources = list(_sources)
     for source in sources:
         feed = source(store)
         if feed is not None:
             return feed
-    return local_events()
+    log = getattr(store, "events", None)
+    return StoreFeed(log) if isinstance(log, EventLog) else local_events()

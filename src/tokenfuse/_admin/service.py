@@ -11,7 +11,6 @@ call would pay for: listing walks the store (``ListKeys``).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -19,10 +18,11 @@ from dataclasses import dataclass, replace
 from .._core.status import Status
 from .._core.velocity import VelocityPolicy
 from .._errors import ConfigurationError, TokenFuseError
-from .._events import EventKind, FuseEvent
+from .._events import FuseEvent
 from .._fuse import Fuse, checked_overrides
-from .._identity import Identity
+from .._identity import KEY_ID_LENGTH, Identity
 from .._stores.base import SyncStore, sync_face
+from .._stores.event_log import EventLog
 from .._stores.ops import UNSET, Configure, ListKeys, ReadStatus, Reset, Unset
 from .feed import EventFeed, feed_for
 from .refs import AmbiguousKey, KeyNotFound, KeyRef, looks_like_key_id
@@ -100,6 +100,10 @@ class Admin:
         )
         page = _store(chosen).run(op)
         labels = self.labels()
+        log = getattr(chosen.store, "events", None)
+        if isinstance(log, EventLog) and page.statuses:  # labels the store keeps, with its TTL
+            key_ids = [status.key.partition(":")[2][:KEY_ID_LENGTH] for status in page.statuses]
+            labels.update(log.labels(chosen.name, key_ids))
         views = [_view(chosen, status, labels) for status in page.statuses]
         return views, page.cursor
 
@@ -139,10 +143,10 @@ class Admin:
         targets = self._targets(_ref(ref), self._fuses(fuse), create=False)
         for target in targets:
             if target.identity is not None:
-                target.fuse.reset(target.identity)
+                target.fuse.reset(target.identity)  # which reports it
             else:
-                _store(target.fuse).run(Reset(target.key))
-            self._report(target, "reset", "reset: closed, its window cleared, its bucket refilled")
+                _store(target.fuse).run(op := Reset(target.key))
+                self._report(target, op)
         return [self._status(target) for target in targets]
 
     def forgive(self, ref: KeyRef | str, *, fuse: str | None = None) -> list[KeyView]:
@@ -235,8 +239,8 @@ class Admin:
         return KeyView.of(fuse.name, _store(fuse).run(op), fuse.velocity, target.label)
 
     def _configure(self, target: _Target, change: Configure) -> None:
-        """Set ``change``'s overrides on the target (by its fuse, or by its store key) and
-        report it."""
+        """Set ``change``'s overrides on the target: by its fuse (which reports it), or by its
+        store key."""
         fuse = target.fuse
         if target.identity is not None:
             if not isinstance(change.limit, Unset):
@@ -244,26 +248,14 @@ class Admin:
             if not (isinstance(change.rate, Unset) and isinstance(change.capacity, Unset)):
                 fuse.set_bucket(target.identity, rate=change.rate, capacity=change.capacity)
         else:
-            _store(fuse).run(replace(change, key=target.key))
-        unit = (fuse.velocity or _READS).unit
-        shown = [
-            f"{what} {'back to the policy' if value is None else f'{value:,g}{suffix}'}"
-            for what, value, suffix in (
-                ("manual ceiling", change.limit, f" {unit}/min"),
-                ("bucket capacity", change.capacity, ""),
-                ("bucket refill", change.rate, "/s"),
-            )
-            if not isinstance(value, Unset)
-        ]
-        self._report(target, "configured", "set: " + ", ".join(shown))
+            _store(fuse).run(op := replace(change, key=target.key))
+            self._report(target, op)
 
-    def _report(self, target: _Target, kind: EventKind, detail: str) -> None:
-        """An operator's change, as an event every listener (and the event feed) sees."""
-        fuse, identity = target.fuse, target.identity
-        key_id = fuse.key_id(identity) if identity else target.key.partition(":")[2][:12]
-        label = identity.label if identity else target.label or key_id
-        said = f"key {label} [id {key_id}] {detail} by an operator"
-        fuse.hooks.emit(FuseEvent(kind, label, said, key_id=key_id, fuse=fuse.name), logging.INFO)
+    def _report(self, target: _Target, op: Reset | Configure) -> None:
+        """An operator's change to a key found by its id, as an event every listener (and the
+        event feed) sees."""
+        key_id = target.key.partition(":")[2][:KEY_ID_LENGTH]
+        target.fuse.changed_by_key(target.label or key_id, key_id, op)
 
     def _targets(self, ref: KeyRef, fuses: list[Fuse], *, create: bool) -> list[_Target]:
         """The keys ``ref`` names in ``fuses``; raises unless exactly one key (in one or more
@@ -291,7 +283,7 @@ class Admin:
     def _by_key_id(self, ref: KeyRef, fuses: Iterable[Fuse]) -> list[_Target]:
         if not looks_like_key_id(ref.text):
             return []
-        return [
+        return [  # a listed view has the label the events and the store's log know
             _Target(chosen, None, view.status.key, view.label)
             for chosen in fuses
             for view in self._every(chosen.name, ref.text)

@@ -103,7 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo = command("demo", "watch a runaway agent loop be stopped (no Redis, no network)")
     demo.add_argument("--pace", type=float, default=0.15, help="real seconds per looping call")
-    command("dashboard", "serve the web dashboard")
+    dashboard = command(
+        "dashboard",
+        "serve the web dashboard (token: TOKENFUSE_ADMIN_TOKEN; without one, loopback only)",
+    )
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    dashboard.add_argument("--port", type=int, default=8787, help="port to listen on")
+    dashboard.add_argument("--fuse", help="the fuse whose keys to show (default: the first)")
     command("config", "the settings in force (TOKENFUSE_* and --redis), secrets hidden")
     return parser
 
@@ -319,8 +325,8 @@ def _events(cli: Cli) -> None:
     admin = cli.admin()
     if not admin.feed.cross_process:
         cli.err.write(
-            "note: this shows the events of this process only; those of the processes sharing "
-            "the store need a cross-process event feed (tokenfuse.admin.add_feed_source)\n"
+            "note: this shows the events of this process only; on a Redis store "
+            "(--redis, TOKENFUSE_REDIS_URL) every process's are logged\n"
         )
     shown = admin.events(cli.args.limit)
     for event in shown:
@@ -372,17 +378,31 @@ def _demo(cli: Cli) -> int:
 
 
 def _dashboard(cli: Cli) -> int:
-    import importlib.util
+    from .. import admin
+    from .._settings import current
 
-    if importlib.util.find_spec("tokenfuse._admin.app") is None:
-        cli.err.write(
-            "the web dashboard is not part of this version of tokenfuse yet; "
-            "`tokenfuse top` shows the same table of keys in the terminal\n"
-        )
-        return 1
-    from .._admin.app import serve  # type: ignore[import-not-found, unused-ignore]
-
-    return int(serve(cli.admin()) or 0)
+    chosen = cli.admin().fuses
+    fuse = (
+        next((f for f in chosen if f.name == cli.args.fuse), None) if cli.args.fuse else chosen[0]
+    )
+    if fuse is None:
+        cli.err.write(f"no fuse named {cli.args.fuse!r} here\n")
+        return 2
+    token = current().admin_token
+    where = f"http://{cli.args.host}:{cli.args.port}/"
+    cli.err.write(
+        f"the dashboard of fuse {fuse.name!r}: {where}"
+        + ("" if token else " (loopback only, no token)")
+        + "\n"
+    )
+    admin.serve(
+        fuse,
+        host=cli.args.host,
+        port=cli.args.port,
+        token=token,
+        allow_no_token_on_loopback=token is None,
+    )
+    return 0
 
 
 def _config(cli: Cli) -> None:

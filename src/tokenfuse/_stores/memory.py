@@ -7,7 +7,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .._core import bucket as _bucket
@@ -18,6 +18,7 @@ from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
 from .._events import logger
+from .event_log import MemoryEventLog
 from .ops import (
     Admit,
     Configure,
@@ -26,10 +27,12 @@ from .ops import (
     KeyPage,
     ListKeys,
     Op,
+    ReadState,
     ReadStatus,
     Record,
     RecordBatch,
     Reset,
+    StoredState,
     Unset,
 )
 
@@ -103,6 +106,8 @@ class MemoryStore:
         self._next_warning = 0.0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
+        #: Operator events (trips, resets, ...) of the fuses using this store, in this process.
+        self.events = MemoryEventLog()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -217,11 +222,17 @@ class MemoryStore:
             bucket=op.bucket,
         )
 
+    def _peek(self, key: str, now: float) -> _Entry:
+        """The key's entry, or an empty one; read only: neither touched nor moved."""
+        entry = self._entries.get(key)
+        return _Entry() if entry is None or entry.expires <= now else entry
+
     def _status(self, op: ReadStatus, now: float) -> Status:
-        entry = self._entries.get(op.key)  # read only: neither touched nor moved
-        if entry is None or entry.expires <= now:
-            entry = _Entry()
+        entry = self._peek(op.key, now)
         return status_of(op.key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
+
+    def _read_state(self, op: ReadState, now: float) -> StoredState:
+        return _snapshot(op.key, self._peek(op.key, now), now)
 
     def _list(self, op: ListKeys, now: float) -> KeyPage:
         # In key order, so that a page starts after the previous page's last key.
@@ -275,4 +286,14 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     Reset: MemoryStore._reset,
     Forgive: MemoryStore._forgive,
     Configure: MemoryStore._configure,
+    ReadState: MemoryStore._read_state,
 }
+
+
+def _snapshot(key: str, entry: _Entry, now: float) -> StoredState:
+    """A copy of the entry's states, safe to read after the lock is released."""
+    velocity = entry.velocity
+    if velocity is not None:
+        velocity = replace(velocity, amounts=list(velocity.amounts), largest=list(velocity.largest))
+    bucket = replace(entry.bucket) if entry.bucket is not None else None
+    return StoredState(key, now, velocity, bucket)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
-from .._core.bucket import BucketPolicy
+from .._core.bucket import BucketPolicy, BucketState
 from .._core.status import Status
-from .._core.velocity import VelocityPolicy, VelocityVerdict
+from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
 
 __all__ = [
     "UNSET",
@@ -31,10 +31,12 @@ __all__ = [
     "KeyPage",
     "ListKeys",
     "Op",
+    "ReadState",
     "ReadStatus",
     "Record",
     "RecordBatch",
     "Reset",
+    "StoredState",
     "Unset",
 ]
 
@@ -180,3 +182,26 @@ class ListKeys(Op[KeyPage]):
     cursor: str = ""
     """Where to go on: ``""`` for the first page, else the previous page's ``cursor``."""
     count: int = 500
+
+
+# -- reading state for operators: what the admin pages and the CLI show -------------------------
+
+
+@dataclass(slots=True)
+class StoredState:
+    """One key's state as the store holds it, read at ``now`` (the store's clock): a copy,
+    so the caller may look at it at leisure. None where the key has no such state."""
+
+    key: str
+    now: float
+    velocity: VelocityState | None
+    bucket: BucketState | None
+
+
+@dataclass(slots=True)
+class ReadState(Op[StoredState]):
+    """The key's state itself, read without changing anything (``status.lua`` again: the same
+    read as ``ReadStatus``, for a view of more than the status: the window slot by slot)."""
+
+    name: ClassVar[str] = "status"
+    key: str

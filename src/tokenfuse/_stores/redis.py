@@ -25,7 +25,7 @@ whenever the subscription is down, a gate is one EVALSHA as before. ``open_keys=
 turns it off. A store over an asyncio client alone has no view (it needs a sync client).
 
 **Errors.** Every redis-py error becomes ``StoreUnavailable`` at one boundary
-(``_Unavailable``); failing open and backing off is ``Fuse``'s job.
+(``redis_clients.Unavailable``); failing open and backing off is ``Fuse``'s job.
 """
 
 from __future__ import annotations
@@ -40,37 +40,15 @@ from .._errors import ConfigurationError
 from . import redis_listing
 from .open_keys import OpenKeys
 from .ops import Gate, ListKeys, Op
-from .redis_clients import (
-    REDIS_ERRORS,
-    AsyncClient,
-    Clients,
-    SyncClient,
-    script_shas,
-    unavailable,
-)
+from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable, script_shas
 from .redis_codec import CODECS, Args, key_of
+from .redis_events import RedisEventLog
 
 __all__ = ["RedisStore"]
 
 _DEFAULT_TTL = 14 * 86_400.0
 
 R = TypeVar("R")
-
-
-class _Unavailable:
-    """The one boundary where redis-py errors become ``StoreUnavailable`` (sync and async)."""
-
-    __slots__ = ("op",)
-
-    def __init__(self, op: str) -> None:
-        self.op = op
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, REDIS_ERRORS):
-            raise unavailable(self.op, exc) from exc
 
 
 class RedisStore:
@@ -144,6 +122,8 @@ class RedisStore:
         self.clock = clock
         self.ttl = float(ttl)
         self._ttl_ms = str(max(1, round(ttl * 1000)))
+        #: Operator events of every fuse on this store, shared by every process (a Stream).
+        self.events = RedisEventLog(clients, prefix, self._ttl_ms)
         #: The local view of open keys (None: every gate is a round trip).
         self.open_keys = (
             OpenKeys(clients.subscriber_client, prefix=prefix, clock=clock)
@@ -172,9 +152,11 @@ class RedisStore:
         self._clients.close()
 
     async def aclose(self) -> None:
-        """Stop the open-key view; close every client this store built (``from_url``)."""
+        """Stop the open-key view; close every client this store built (``from_url``), once
+        the event log's pending writes are done."""
         if self.open_keys is not None:
             self.open_keys.close()
+        await self.events.aflush()
         await self._clients.aclose()
 
     # -- one operation = one script call; both faces encode and decode it the same way --------
@@ -183,14 +165,14 @@ class RedisStore:
         """Run one operation (``ops``) with its script; needs a sync client."""
         if type(op) is ListKeys:  # many keys, no script (``redis_listing``)
             client = self._clients.sync_client()
-            with _Unavailable(op.name):
+            with Unavailable(op.name):
                 page = redis_listing.run_sync(client, op, self.prefix, self._now())
             return cast(R, page)
         key, known = self._known(op)
         if known is not None:
             return known
         script = self._clients.sync_scripts()[op.name]
-        with _Unavailable(op.name):
+        with Unavailable(op.name):
             reply = script((key,), self._args(op))
         return self._result(op, key, reply)
 
@@ -198,14 +180,14 @@ class RedisStore:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
         if type(op) is ListKeys:
             client = self._clients.async_client()
-            with _Unavailable(op.name):
+            with Unavailable(op.name):
                 page = await redis_listing.run_async(client, op, self.prefix, self._now())
             return cast(R, page)
         key, known = self._known(op)
         if known is not None:
             return known
         script = self._clients.async_scripts()[op.name]
-        with _Unavailable(op.name):
+        with Unavailable(op.name):
             reply = await script((key,), self._args(op))
         return self._result(op, key, reply)
 
@@ -213,7 +195,7 @@ class RedisStore:
         """Run several operations in one pipeline (one round trip), each its own script call,
         in order; their results in the same order. Needs a sync client."""
         keys, pipe = self._pipeline(self._clients.sync_client(), ops)
-        with _Unavailable("batch"):
+        with Unavailable("batch"):
             replies = pipe.execute(raise_on_error=False)
             scripts = self._clients.sync_scripts()
             for at in _missing_scripts(replies):  # NOSCRIPT: EVAL, which caches it
@@ -223,7 +205,7 @@ class RedisStore:
     async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
         """``run_many`` for asyncio code."""
         keys, pipe = self._pipeline(self._clients.async_client(), ops)
-        with _Unavailable("batch"):
+        with Unavailable("batch"):
             replies = await pipe.execute(raise_on_error=False)
             scripts = self._clients.async_scripts()
             for at in _missing_scripts(replies):

@@ -71,6 +71,7 @@ __all__ = [
     "SyncBlockingPool",
     "TurnTaking",
     "client_advice",
+    "command_timeout",
     "pool_exhausted",
     "url_options",
 ]
@@ -190,6 +191,13 @@ def _effective(client: Any) -> tuple[object, object, int]:
     connection = pool.connection_class(**pool.connection_kwargs)
     retry = client.retry if cluster else connection.retry  # a cluster retries at its level
     return connection.socket_timeout, connection.socket_connect_timeout, retry.get_retries()
+
+
+def command_timeout(client: Any) -> float | None:
+    """How long the client waits for an answer (None: for ever): a blocking command (XREAD
+    BLOCK) must return well within it."""
+    timeout = _effective(client)[0]
+    return float(timeout) if isinstance(timeout, (int, float)) else None
 
 
 def _too_long(value: object, limit: float) -> bool:

@@ -40,7 +40,16 @@ from .redis_budget import (
 from .redis_scripts import script_sources
 from .redis_server import acheck_server, check_server
 
-__all__ = ["REDIS_ERRORS", "AsyncClient", "Clients", "SyncClient", "script_shas", "unavailable"]
+__all__ = [
+    "READER_TIMEOUT",
+    "REDIS_ERRORS",
+    "AsyncClient",
+    "Clients",
+    "SyncClient",
+    "Unavailable",
+    "script_shas",
+    "unavailable",
+]
 
 logger = logging.getLogger("tokenfuse")
 
@@ -63,6 +72,27 @@ def unavailable(op: str, exc: BaseException) -> StoreUnavailable:
         return StoreBusy(f"redis {op} found no free connection: {exc}")
     return StoreUnavailable(f"redis {op} failed: {exc}")
 
+
+class Unavailable:
+    """The one boundary where redis-py errors become ``StoreUnavailable`` (sync and async):
+    ``with Unavailable(op.name): ...``."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, REDIS_ERRORS):
+            raise unavailable(self.op, exc) from exc
+
+
+#: How long a reader client (``sync_reader``) waits for an answer: a blocking read asks the
+#: server to answer well within it.
+READER_TIMEOUT = 5.0
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -142,9 +172,12 @@ class Clients:
         make_async: Callable[[], AsyncClient] | None,
         owned: bool,
         described: str,
+        make_readers: tuple[Callable[[], SyncClient], Callable[[], AsyncClient]] | None = None,
     ) -> None:
         self._make_sync = make_sync
         self._make_async = make_async
+        self._make_readers = make_readers
+        self._readers: tuple[SyncClient | None, AsyncClient | None] = (None, None)
         self._owned = owned  # close only the clients we built
         self.described = described
         self._sync: SyncClient | None = None
@@ -180,31 +213,38 @@ class Clients:
         sync_options = {**url_options(asyncio_client=False), **options}
         async_options = {**url_options(asyncio_client=True), **options}
 
-        def make_sync() -> SyncClient:
+        def make_sync(**changes: Any) -> SyncClient:
             if cluster:
                 pool_class = functools.partial(SyncBlockingPool, timeout=POOL_WAIT)
                 return redis.cluster.RedisCluster.from_url(
-                    url, connection_pool_class=pool_class, **sync_options
+                    url, connection_pool_class=pool_class, **{**sync_options, **changes}
                 )
-            pool = SyncBlockingPool.from_url(url, timeout=POOL_WAIT, **sync_options)
+            settings = {**sync_options, **changes}
+            pool = SyncBlockingPool.from_url(url, timeout=POOL_WAIT, **settings)
             return redis.Redis.from_pool(pool)
 
-        def make_async() -> AsyncClient:
+        def make_async(**changes: Any) -> AsyncClient:
+            settings = {**async_options, **changes}
             if cluster:
-                client = redis.asyncio.cluster.RedisCluster.from_url(url, **async_options)
+                client = redis.asyncio.cluster.RedisCluster.from_url(url, **settings)
                 client.commands_parser = _CommandTableOnce()
                 return client
-            pool = AsyncBlockingPool.from_url(url, timeout=POOL_WAIT, **async_options)
+            pool = AsyncBlockingPool.from_url(url, timeout=POOL_WAIT, **settings)
             return redis.asyncio.Redis.from_pool(pool)
 
+        # Blocking reads (XREAD BLOCK of the event log) wait longer than a decision may.
+        readers = (
+            functools.partial(make_sync, socket_timeout=READER_TIMEOUT),
+            functools.partial(make_async, socket_timeout=READER_TIMEOUT),
+        )
         described = "cluster, sync+async" if cluster else "sync+async"
-        return cls(make_sync=make_sync, make_async=make_async, owned=True, described=described)
-
-    def async_client(self) -> AsyncClient:
-        """The asyncio client (built at its first use); ``ConfigurationError`` without one."""
-        self.async_scripts()
-        assert self._async is not None
-        return self._async
+        return cls(
+            make_sync=make_sync,
+            make_async=make_async,
+            owned=True,
+            described=described,
+            make_readers=readers,
+        )
 
     def subscriber_client(self) -> SyncClient:
         """A client for a long-lived subscription (``open_keys``): on a connection of its own,
@@ -216,12 +256,6 @@ class Clients:
         pool = client.connection_pool
         own = redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
         return redis.Redis(connection_pool=own)
-
-    def sync_client(self) -> SyncClient:
-        """The sync client (built at its first use); ``ConfigurationError`` without one."""
-        self.sync_scripts()
-        assert self._sync is not None
-        return self._sync
 
     def sync_scripts(self) -> Mapping[str, SyncCall]:
         scripts = self._sync_scripts
@@ -262,6 +296,41 @@ class Clients:
                 registered = {name: in_turn(script) for name, script in registered.items()}
             scripts = self._async_scripts = self._async_first_use(client, registered)
         return scripts
+
+    def sync_client(self) -> SyncClient:
+        """The sync client itself, for commands other than the scripts (``ListKeys``, the
+        event log)."""
+        self.sync_scripts()
+        assert self._sync is not None
+        return self._sync
+
+    def async_client(self) -> AsyncClient:
+        """The asyncio client itself, for commands other than the scripts (``ListKeys``)."""
+        self.async_scripts()
+        assert self._async is not None
+        return self._async
+
+    def sync_reader(self) -> SyncClient:
+        """A client for blocking reads: one of its own with a ``READER_TIMEOUT`` when the
+        store built its clients, else the sync client."""
+        if self._make_readers is None:
+            return self.sync_client()
+        with self._lock:
+            reader, areader = self._readers
+            if reader is None:
+                reader = self._make_readers[0]()
+                self._readers = (reader, areader)
+        return reader
+
+    def async_reader(self) -> AsyncClient:
+        """``sync_reader`` for asyncio code."""
+        if self._make_readers is None:
+            return self.async_client()
+        areader = self._readers[1]
+        if areader is None:  # no lock: nothing awaits between the check and the assignment
+            areader = self._make_readers[1]()
+            self._readers = (self._readers[0], areader)
+        return areader
 
     # The server's memory policy is read after the first decision that succeeds (a dead
     # server at start-up must not cost a decision twice), once per store; then the plain
@@ -319,11 +388,15 @@ class Clients:
 
     def close(self) -> None:
         client, self._sync, self._sync_scripts = self._sync, None, None
-        if client is not None and self._owned:
-            client.close()
+        reader, self._readers = self._readers[0], (None, self._readers[1])
+        for built in (client, reader):
+            if built is not None and self._owned:
+                built.close()
 
     async def aclose(self) -> None:
         self.close()
         client, self._async, self._async_scripts = self._async, None, None
-        if client is not None and self._owned:
-            await client.aclose()
+        reader, self._readers = self._readers[1], (self._readers[0], None)
+        for built in (client, reader):
+            if built is not None and self._owned:
+                await built.aclose()

@@ -32,10 +32,12 @@ from .ops import (
     Forgive,
     Gate,
     Op,
+    ReadState,
     ReadStatus,
     Record,
     RecordBatch,
     Reset,
+    StoredState,
     Unset,
 )
 
@@ -197,7 +199,7 @@ def _override(value: float | None | Unset) -> str:
     return "-1.0" if value is None else _number(value)
 
 
-def _now_only(op: Gate | ReadStatus, now: str, ttl: str) -> Args:
+def _now_only(op: Gate | ReadStatus | ReadState, now: str, ttl: str) -> Args:
     return (now,)
 
 
@@ -275,14 +277,19 @@ def _admit_verdict(op: Admit, reply: bytes | str) -> AdmitVerdict:
     )
 
 
-def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
-    """``status.lua``'s raw state, viewed through the core (as ``MemoryStore`` does)."""
-    now = float(reply[0])
+def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> StoredState:
+    """``status.lua``'s reply: the key's raw state, as the core's state objects."""
     numbers = [float(text) for text in reply[1].split()]
     vstate = velocity_state(numbers[:-1], numbers[-1]) if numbers else None
     numbers = [float(text) for text in reply[2].split()]
     bstate = bucket_state(numbers[:-2], *numbers[-2:]) if numbers else None
-    return status_of(op.key, vstate, bstate, now, op.velocity, op.bucket)
+    return StoredState(op.key, float(reply[0]), vstate, bstate)
+
+
+def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
+    """``status.lua``'s raw state, viewed through the core (as ``MemoryStore`` does)."""
+    state = _key_state(op, reply)
+    return status_of(op.key, state.velocity, state.bucket, state.now, op.velocity, op.bucket)
 
 
 def _nothing(op: Reset | Forgive | Configure, reply: object) -> None:
@@ -313,6 +320,7 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     RecordBatch: Codec(_record_batch_args, _velocity_verdict),
     Admit: Codec(_admit_args, _admit_verdict),
     ReadStatus: Codec(_now_only, _status),
+    ReadState: Codec(_now_only, _key_state),
     Reset: Codec(_ttl_only, _nothing),
     Forgive: Codec(_ttl_only, _nothing),
     Configure: Codec(_configure_args, _nothing),

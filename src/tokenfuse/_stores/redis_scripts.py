@@ -22,8 +22,9 @@ from .redis_codec import CODECS
 
 __all__ = ["SCRIPTS", "inline_constants", "script_sources", "shake"]
 
-#: One script per operation ``RedisStore`` runs, named after it.
-SCRIPTS = tuple(op.name for op in CODECS)
+#: One script per operation ``RedisStore`` runs, named after it (``ReadState`` and
+#: ``ReadStatus`` share ``status``: one read, two views of its reply).
+SCRIPTS = tuple(dict.fromkeys(op.name for op in CODECS))
 
 _DEFINITION = re.compile(r"local\s+(?:function\s+)?([\w\s,]+?)\s*(?:=|\(|--|$)")
 _NAME = re.compile(r"[A-Za-z_]\w*")
