@@ -23,7 +23,7 @@ from .._fuse import Fuse, checked_overrides
 from .._identity import KEY_ID_LENGTH, Identity
 from .._stores.base import SyncStore, sync_face
 from .._stores.event_log import EventLog
-from .._stores.ops import UNSET, Configure, ListKeys, ReadStatus, Reset, Unset
+from .._stores.ops import UNSET, Configure, Forgive, ListKeys, ReadStatus, Reset, Unset
 from .feed import EventFeed, feed_for
 from .refs import AmbiguousKey, KeyNotFound, KeyRef, looks_like_key_id
 from .views import SORTS, KeyState, KeyView
@@ -150,18 +150,15 @@ class Admin:
         return [self._status(target) for target in targets]
 
     def forgive(self, ref: KeyRef | str, *, fuse: str | None = None) -> list[KeyView]:
-        """Forgive the key's last trip (``Fuse.forgive``), where this version has it."""
-        forgive = getattr(Fuse, "forgive", None)
-        if forgive is None:
-            raise NotAvailable(
-                "forgive is not available in this version of tokenfuse; "
-                "reset closes a key at once (tokenfuse reset KEY)"
-            )
+        """Forgive the key's last trip in each fuse that has it (``Fuse.forgive``): closed at
+        once, and its rate taught as normal at that hour; its views after."""
         targets = self._targets(_ref(ref), self._fuses(fuse), create=False)
         for target in targets:
-            if target.identity is None:
-                raise NotAvailable("forgive takes a name or a credential (--name, --secret)")
-            forgive(target.fuse, target.identity)
+            if target.identity is not None:
+                target.fuse.forgive(target.identity)  # which reports it
+            else:
+                _store(target.fuse).run(op := Forgive(target.key))
+                self._report(target, op)
         return [self._status(target) for target in targets]
 
     def set_limit(
@@ -251,7 +248,7 @@ class Admin:
             _store(fuse).run(op := replace(change, key=target.key))
             self._report(target, op)
 
-    def _report(self, target: _Target, op: Reset | Configure) -> None:
+    def _report(self, target: _Target, op: Reset | Forgive | Configure) -> None:
         """An operator's change to a key found by its id, as an event every listener (and the
         event feed) sees."""
         key_id = target.key.partition(":")[2][:KEY_ID_LENGTH]
