@@ -155,8 +155,7 @@ def next_size(lease: LocalLease | None, policy: LeasePolicy, now: float) -> floa
         return policy.size
     if lease is None:
         return 1.0
-    elapsed = max(now - lease.started, policy.cover)
-    rate = lease.spent / elapsed
+    rate = lease.spent / max(now - lease.started, 1e-3)
     return min(max(rate * policy.cover, 1.0), policy.max_size)
 
 

@@ -1,0 +1,471 @@
+"""Admission from leases: a hot caller's calls decided in this process, not in the store.
+
+``Leases`` answers ``admit`` / ``aadmit`` like ``Fuse`` (``TokenFuse(..., lease=True)`` puts
+it in front of the middleware's fuse). The policy is ``_core/lease.py``'s, the store side the
+``Lease`` / ``ReturnLease`` operations; here are the locks, the clock and the I/O:
+
+* **A call with a lease** to spend from is decided here, under one lock, with no I/O.
+* **The call that finds none** (spent, expired, taken under another bucket policy, or
+  invalidated by a ``reset`` / ``set_bucket`` made through this fuse) renews it: one ``Lease``
+  round trip that gives back what was left, records the calls the old lease admitted, decides
+  this call exactly as ``Admit`` would and takes the next lease. Calls of the same caller that
+  arrive meanwhile wait for it, at most ``LeasePolicy.wait``, then are decided directly (one
+  ``Admit`` each): a renewal never holds a call longer than that.
+* **A refusal** learned from the store (an empty bucket, an open latch) is answered here until
+  its ``retry_after`` runs out, at most ``lifetime``: a refused caller hammering its limit costs
+  no round trip per call either.
+* **A lease that expires** unused is given back by a sweeper (a daemon thread, or a task with
+  an asyncio-only store) every half ``lifetime``; ``close()`` / ``aclose()`` give every lease
+  back (the middleware does not know when a process ends: call it at shutdown; an ``atexit``
+  hook does it for a store with a sync face).
+* **The store failing** is the direct mode's failure exactly: a renewal that fails goes through
+  ``Fuse``'s handling (fail open, or closed if so configured; counted in ``fuse.health``,
+  logged, an event). A lease already held is spent as usual: its tokens were granted.
+
+What it gives up: another process's ``set_bucket`` or trip is seen here at the next renewal,
+at most ``lifetime`` later (or sooner, when the store's open-key view announces a trip); the
+bucket may admit up to ``processes * LeasePolicy.largest`` beyond ``capacity + rate * T``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._core.bucket import BucketPolicy, BucketVerdict
+from ._core.lease import LeasePolicy, LeaseVerdict, LocalLease, next_size, spend
+from ._core.velocity import VelocityVerdict
+from ._events import FuseEvent, logger
+from ._fuse import Decision, Fuse, Who, _admission_numbers
+from ._identity import Identity
+from ._stores.ops import Lease, ReturnLease
+from ._throttle import Throttle
+
+__all__ = ["LeaseCounts", "Leases"]
+
+
+@dataclass(slots=True)
+class LeaseCounts:
+    """What the leases of one ``Leases`` did since it was made.
+
+    >>> LeaseCounts().local
+    0
+    """
+
+    local: int = 0  # calls admitted from a lease, with no round trip
+    refused_locally: int = 0  # calls refused from a refusal the store gave within retry_after
+    renewals: int = 0  # Lease round trips (each also decides one call)
+    direct: int = 0  # calls decided by one Admit: a renewal took longer than wait, or no room
+    returns: int = 0  # leases given back (expired, invalidated, or closed)
+    returned: float = 0.0  # tokens given back
+    lost: int = 0  # leases whose return failed (their tokens and amounts are lost)
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One caller's lease in this process, and who is renewing it."""
+
+    identity: Identity
+    key_id: str
+    lease: LocalLease | None = None
+    refusal: Decision | None = None  # answered until refused_until (this clock)
+    refused_until: float = 0.0
+    renewing: threading.Event | asyncio.Future[None] | None = None
+    pending: list[float] = field(default_factory=list)  # amounts of a failed renewal
+
+
+# What one step under the lock decided: a decision, or what to do for one.
+_RENEW, _WAIT, _DIRECT = "renew", "wait", "direct"
+
+
+class Leases:
+    """Admission for ``fuse`` from leases of its callers' buckets (``LeasePolicy``).
+
+    >>> leases = Leases(inbound_fuse(RedisStore.from_url(url)), LeasePolicy())  # doctest: +SKIP
+    >>> leases.admit("agent-42").allowed                                        # doctest: +SKIP
+    True
+    """
+
+    def __init__(
+        self,
+        fuse: Fuse,
+        policy: LeasePolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
+    ) -> None:
+        """``clock``: when leases expire (tests inject theirs); ``background=False``: no
+        sweeper, expired leases go back only by ``sweep()`` / ``asweep()`` (tests)."""
+        self.fuse = fuse
+        self.policy = policy or LeasePolicy()
+        self.counts = LeaseCounts()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._slots: dict[str, _Slot] = {}
+        self._sweeper: threading.Thread | asyncio.Task[None] | None = None
+        self._stop = threading.Event()
+        self._background = background
+        self._log = Throttle(60.0)
+        fuse.on_event(_invalidator(weakref.ref(self)))
+        if fuse.has_sync:
+            atexit.register(_close_at_exit, weakref.ref(self))
+
+    def __repr__(self) -> str:
+        return f"Leases({self.fuse!r}, {self.policy!r}, held={len(self._slots)})"
+
+    # -- admission: Fuse.admit's signature ------------------------------------------------------
+
+    def admit(
+        self,
+        who: Who,
+        *,
+        cost: float = 1.0,
+        amount: float = 1.0,
+        bucket: BucketPolicy | None = None,
+    ) -> Decision:
+        """``Fuse.admit``, from this process's lease of the caller's bucket when it can."""
+        identity = Identity.of(who)
+        policy = bucket or self.fuse.bucket
+        if policy is None:
+            return self.fuse.admit(identity, cost=cost, amount=amount, bucket=bucket)
+        cost, amount = _admission_numbers(cost, amount)
+        key = self.fuse._key(identity)
+        step = self._step(key, identity, policy, cost, amount, wait=True)
+        if isinstance(step, tuple) and step[0] == _WAIT:
+            waiting = step[1]
+            if isinstance(waiting, threading.Event):
+                waiting.wait(self.policy.wait)
+            step = self._step(key, identity, policy, cost, amount, wait=False)
+        if isinstance(step, Decision):
+            return step
+        if step[0] == _RENEW:
+            self._start_sweeper(sync=True)
+            return self._renew(key, step[1], step[2])
+        self.counts.direct += 1
+        return self.fuse.admit(identity, cost=cost, amount=amount, bucket=bucket)
+
+    async def aadmit(
+        self,
+        who: Who,
+        *,
+        cost: float = 1.0,
+        amount: float = 1.0,
+        bucket: BucketPolicy | None = None,
+    ) -> Decision:
+        """``Fuse.aadmit``, from this process's lease of the caller's bucket when it can."""
+        identity = Identity.of(who)
+        policy = bucket or self.fuse.bucket
+        if policy is None:
+            return await self.fuse.aadmit(identity, cost=cost, amount=amount, bucket=bucket)
+        cost, amount = _admission_numbers(cost, amount)
+        key = self.fuse._key(identity)
+        step = self._step(key, identity, policy, cost, amount, wait=True, asynchronous=True)
+        if isinstance(step, tuple) and step[0] == _WAIT:
+            waiting = step[1]
+            if isinstance(waiting, asyncio.Future):
+                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiting), self.policy.wait)
+            step = self._step(key, identity, policy, cost, amount, wait=False, asynchronous=True)
+        if isinstance(step, Decision):
+            return step
+        if step[0] == _RENEW:
+            self._start_sweeper(sync=False)
+            return await self._arenew(key, step[1], step[2])
+        self.counts.direct += 1
+        return await self.fuse.aadmit(identity, cost=cost, amount=amount, bucket=bucket)
+
+    # -- one step under the lock -----------------------------------------------------------------
+
+    def _step(
+        self,
+        key: str,
+        identity: Identity,
+        policy: BucketPolicy,
+        cost: float,
+        amount: float,
+        *,
+        wait: bool,
+        asynchronous: bool = False,
+    ) -> Any:
+        """A decision from the lease, or (``_RENEW``, slot, op): this call renews it, or
+        (``_WAIT``, what to wait on), or (``_DIRECT``,): decide it with one ``Admit``."""
+        now = self._clock()
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                if len(self._slots) >= self.policy.max_keys:
+                    return (_DIRECT,)
+                slot = self._slots[key] = _Slot(identity, self.fuse._id(identity))
+            lease = slot.lease
+            if lease is not None and lease.policy is policy and spend(lease, cost, amount, now):
+                self.counts.local += 1
+                return self._local(slot, lease)
+            if slot.refusal is not None and now < slot.refused_until:
+                self.counts.refused_locally += 1
+                return slot.refusal
+            if slot.renewing is not None:
+                ours = isinstance(slot.renewing, asyncio.Future) == asynchronous
+                return (_WAIT, slot.renewing) if wait and ours else (_DIRECT,)
+            slot.renewing = (
+                asyncio.get_running_loop().create_future() if asynchronous else threading.Event()
+            )
+            op = self._lease_op(key, slot, policy, cost, amount, now)
+            return (_RENEW, slot, op)
+
+    def _lease_op(
+        self, key: str, slot: _Slot, policy: BucketPolicy, cost: float, amount: float, now: float
+    ) -> Lease:
+        """The renewal of ``slot``'s lease; takes the old lease out of the slot (lock held)."""
+        lease, slot.lease = slot.lease, None
+        pending = slot.pending
+        give_back = 0.0
+        if lease is not None:
+            pending = pending + lease.pending
+            give_back = lease.tokens
+        slot.pending = []
+        slot.refusal = None
+        want = next_size(lease, self.policy, now)
+        velocity = self.fuse.velocity
+        return Lease(key, cost, amount, want, give_back, tuple(pending), velocity, policy)
+
+    def _local(self, slot: _Slot, lease: LocalLease) -> Decision:
+        remaining = min(lease.capacity, lease.remaining + lease.tokens)
+        verdict = BucketVerdict(True, remaining, lease.capacity, lease.rate, 0.0)
+        return Decision(key=slot.identity.label, key_id=slot.key_id, allowed=True, bucket=verdict)
+
+    # -- renewing: one Lease round trip through Fuse's decision and failure handling -------------
+
+    def _renew(self, key: str, slot: _Slot, op: Lease) -> Decision:
+        self.counts.renewals += 1
+        started = self._clock()
+        installed: list[bool] = []
+        try:
+            return self.fuse._decide(
+                slot.identity, op, self._installer(slot, op, started, installed)
+            )
+        finally:
+            self._renewed(slot, op, installed)
+
+    async def _arenew(self, key: str, slot: _Slot, op: Lease) -> Decision:
+        self.counts.renewals += 1
+        started = self._clock()
+        installed: list[bool] = []
+        try:
+            return await self.fuse._adecide(
+                slot.identity, op, self._installer(slot, op, started, installed)
+            )
+        finally:
+            self._renewed(slot, op, installed)
+
+    def _installer(
+        self, slot: _Slot, op: Lease, started: float, installed: list[bool]
+    ) -> Callable[[Identity, LeaseVerdict], Decision]:
+        """What to do with the store's verdict: install the new lease, and decide the call."""
+
+        def install(identity: Identity, verdict: LeaseVerdict) -> Decision:
+            installed.append(True)
+            fuse = self.fuse
+            if verdict.tripped is not None:  # a call the old lease admitted opened the key
+                fuse._velocity_decision(identity, verdict.tripped)
+            decision = fuse._admit_decision(identity, verdict.admit)
+            bucket = verdict.admit.bucket
+            with self._lock:
+                if decision.allowed and bucket is not None:
+                    slot.lease = LocalLease(
+                        policy=op.bucket or self.fuse.bucket,  # type: ignore[arg-type]
+                        tokens=verdict.granted,
+                        expires=started + self.policy.lifetime,
+                        started=started,
+                        capacity=bucket.capacity,
+                        rate=bucket.rate,
+                        remaining=bucket.remaining,
+                        size=op.want,
+                    )
+                elif not decision.allowed and decision.error is not None:
+                    wait = min(decision.error.retry_after, self.policy.lifetime)
+                    slot.refusal, slot.refused_until = decision, started + wait
+            return decision
+
+        return install
+
+    def _renewed(self, slot: _Slot, op: Lease, installed: list[bool]) -> None:
+        """The renewal is over: wake who waits for it; after a failure, keep its amounts."""
+        with self._lock:
+            if not installed:  # the store failed or was skipped: record the amounts next time
+                slot.pending = list(op.pending)[-1000:]
+            renewing, slot.renewing = slot.renewing, None
+        if isinstance(renewing, threading.Event):
+            renewing.set()
+        elif isinstance(renewing, asyncio.Future) and not renewing.done():
+            renewing.set_result(None)
+
+    # -- giving leases back -----------------------------------------------------------------------
+
+    def _due(self, *, everything: bool) -> list[tuple[_Slot, ReturnLease]]:
+        """The leases to give back (expired ones, or all), taken out of their slots."""
+        now = self._clock()
+        due: list[tuple[_Slot, ReturnLease]] = []
+        with self._lock:
+            for key, slot in list(self._slots.items()):
+                if slot.renewing is not None:
+                    continue
+                lease = slot.lease
+                if not everything and lease is not None and now < lease.expires:
+                    continue
+                if not everything and slot.refusal is not None and now < slot.refused_until:
+                    continue
+                del self._slots[key]
+                pending = slot.pending + (lease.pending if lease else [])
+                tokens = lease.tokens if lease else 0.0
+                if tokens > 0.0 or pending:
+                    policy = lease.policy if lease else self.fuse.bucket
+                    op = ReturnLease(key, tokens, tuple(pending), self.fuse.velocity, policy)
+                    due.append((slot, op))
+        return due
+
+    def sweep(self, *, everything: bool = False) -> int:
+        """Give back the leases that expired (``everything``: all of them); how many."""
+        due = self._due(everything=everything)
+        store = self.fuse._sync_store
+        if not due or store is None:
+            return 0
+        try:
+            run_many = getattr(store, "run_many", None)
+            ops = [op for _, op in due]
+            results = run_many(ops) if run_many else [store.run(op) for op in ops]
+        except Exception as exc:
+            self._lost(len(due), exc)
+            return 0
+        return self._returned(due, results)
+
+    async def asweep(self, *, everything: bool = False) -> int:
+        """``sweep`` for asyncio code."""
+        due = self._due(everything=everything)
+        store = self.fuse._async_store
+        if not due or store is None:
+            return 0
+        try:
+            run_many = getattr(store, "arun_many", None)
+            ops = [op for _, op in due]
+            results = await run_many(ops) if run_many else [await store.arun(op) for op in ops]
+        except Exception as exc:
+            self._lost(len(due), exc)
+            return 0
+        return self._returned(due, results)
+
+    def _returned(
+        self, due: list[tuple[_Slot, ReturnLease]], results: list[VelocityVerdict | None]
+    ) -> int:
+        for (slot, op), tripped in zip(due, results, strict=True):
+            self.counts.returns += 1
+            self.counts.returned += op.give_back
+            if tripped is not None:
+                self.fuse._velocity_decision(slot.identity, tripped)  # the trip's event
+        return len(due)
+
+    def _lost(self, leases: int, exc: Exception) -> None:
+        self.counts.lost += leases
+        if self._log.take() is not None:
+            logger.warning(
+                "tokenfuse: %d leases not given back (store unavailable: %s): their unspent "
+                "tokens are lost and their calls not recorded in the velocity window "
+                "(%d leases so far)",
+                leases, exc, self.counts.lost,
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the sweeper and give every lease back."""
+        self._stop.set()
+        self.sweep(everything=True)
+
+    async def aclose(self) -> None:
+        """``close`` for asyncio code."""
+        self._stop.set()
+        task = self._sweeper
+        if isinstance(task, asyncio.Task):
+            task.cancel()
+        await self.asweep(everything=True)
+
+    # -- the sweeper -----------------------------------------------------------------------------
+
+    def _start_sweeper(self, *, sync: bool) -> None:
+        if self._stop.is_set() or not self._background:
+            return
+        with self._lock:  # renewals only: rare enough for the lock
+            if self._sweeper is not None:
+                return
+            if self.fuse.has_sync:
+                self._sweeper = threading.Thread(
+                    target=_sweep_thread,
+                    args=(weakref.ref(self), self._stop, self.policy.lifetime / 2),
+                    name=f"tokenfuse-leases:{self.fuse.name}",
+                    daemon=True,
+                )
+                self._sweeper.start()
+            elif not sync:
+                self._sweeper = asyncio.get_running_loop().create_task(
+                    _sweep_task(weakref.ref(self), self._stop, self.policy.lifetime / 2)
+                )
+
+    def invalidate(self, key_id: str) -> None:
+        """Renew the lease of the caller with ``key_id`` at its next call (its bucket was
+        reset or changed): what it held goes back then."""
+        with self._lock:
+            for slot in self._slots.values():
+                if slot.key_id == key_id:
+                    if slot.lease is not None:
+                        slot.lease.expires = float("-inf")
+                    slot.refusal = None
+
+
+def _sweep_thread(ref: weakref.ref[Leases], stop: threading.Event, every: float) -> None:
+    while not stop.wait(every):
+        leases = ref()
+        if leases is None:
+            return
+        try:
+            leases.sweep()
+        except Exception:  # never let the sweeper die: it is the leases' way back
+            logging.getLogger("tokenfuse").exception("tokenfuse: lease sweep failed")
+        del leases
+
+
+async def _sweep_task(ref: weakref.ref[Leases], stop: threading.Event, every: float) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(every)
+        leases = ref()
+        if leases is None:
+            return
+        try:
+            await leases.asweep()
+        except Exception:
+            logging.getLogger("tokenfuse").exception("tokenfuse: lease sweep failed")
+        del leases
+
+
+def _invalidator(ref: weakref.ref[Leases]) -> Callable[[FuseEvent], None]:
+    """A fuse hook: a reset or a live bucket change made through the fuse renews the lease."""
+
+    def hook(event: FuseEvent) -> None:
+        leases = ref()
+        if leases is not None and event.key_id and event.kind in ("reset", "configured"):
+            leases.invalidate(event.key_id)
+
+    return hook
+
+
+def _close_at_exit(ref: weakref.ref[Leases]) -> None:
+    leases = ref()
+    if leases is not None and not leases._stop.is_set():
+        try:
+            leases.close()
+        except Exception:  # the store may be gone at exit: the tokens are lost, not more
+            logger.debug("tokenfuse: leases not given back at exit", exc_info=True)

@@ -1,0 +1,310 @@
+"""Leases (``tokenfuse._leases``, ``_core/lease.py``) on every backend, on the simulated clock.
+
+Each test runs through the face the backend serves (``admit`` or ``aadmit``); a second
+``Leases`` over another store of the same backend stands for another process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import pytest
+
+from tests.conftest import Clock
+from tests.stores.conftest import Backend
+from tokenfuse import BucketPolicy, Fuse, VelocityPolicy
+from tokenfuse._core.lease import LeasePolicy
+from tokenfuse._errors import ConfigurationError, StoreUnavailable
+from tokenfuse._fuse import Decision
+from tokenfuse._leases import Leases
+from tokenfuse._stores.memory import MemoryStore
+from tokenfuse._stores.ops import Lease
+
+SECRET = "a test secret of at least 16 characters"
+BUCKET = BucketPolicy(rate=10, capacity=100)
+CALLS = VelocityPolicy(limit=1_000_000, unit="calls", cold_start_limit=None)
+
+
+def fuse_on(store: Any, bucket: BucketPolicy = BUCKET, **options: Any) -> Fuse:
+    return Fuse(store, name="in", velocity=CALLS, bucket=bucket, secret=SECRET, **options)
+
+
+def leases_on(backend: Backend, policy: LeasePolicy, store: Any = None, **options: Any) -> Leases:
+    fuse = fuse_on(store if store is not None else backend.store, **options)
+    return Leases(fuse, policy, clock=backend.clock, background=False)
+
+
+async def admit(backend: Backend, leases: Leases, who: str = "agent", **kwargs: Any) -> Decision:
+    if backend.is_async:
+        return await leases.aadmit(who, **kwargs)
+    return leases.admit(who, **kwargs)
+
+
+async def sweep(backend: Backend, leases: Leases, everything: bool = False) -> int:
+    if backend.is_async:
+        return await leases.asweep(everything=everything)
+    return leases.sweep(everything=everything)
+
+
+async def level(backend: Backend, fuse: Fuse, who: str = "agent") -> float:
+    status = await fuse.astatus(who) if backend.is_async else fuse.status(who)
+    assert status.bucket_level is not None
+    return status.bucket_level
+
+
+async def test_a_lease_admits_locally_until_spent(backend: Backend) -> None:
+    leases = leases_on(backend, LeasePolicy(size=10))
+    decisions = [await admit(backend, leases) for _ in range(11)]
+    assert all(d.allowed for d in decisions)
+    # The first call took its cost and ten more; the next ten were local; none asked twice.
+    assert (leases.counts.renewals, leases.counts.local) == (1, 10)
+    assert await level(backend, leases.fuse) == 100 - 11
+    assert (await admit(backend, leases)).allowed
+    assert leases.counts.renewals == 2  # the twelfth renewed it
+
+
+async def test_a_local_decision_carries_the_bucket_for_the_headers(backend: Backend) -> None:
+    leases = leases_on(backend, LeasePolicy(size=10))
+    await admit(backend, leases)
+    local = await admit(backend, leases)
+    assert local.bucket is not None
+    # What the bucket held after the grant (89) plus what this process still holds (9).
+    assert (local.bucket.remaining, local.bucket.capacity, local.bucket.rate) == (98, 100, 10)
+    assert local.key_id == leases.fuse.key_id("agent")
+
+
+async def test_unspent_tokens_go_back_when_the_lease_expires(
+    backend: Backend, clock: Clock
+) -> None:
+    leases = leases_on(backend, LeasePolicy(size=20, lifetime=1.0))
+    for _ in range(5):
+        await admit(backend, leases)
+    assert await level(backend, leases.fuse) == 100 - 21
+    clock.advance(0.5)
+    assert await sweep(backend, leases) == 0  # not expired yet
+    clock.advance(0.5)
+    assert await sweep(backend, leases) == 1
+    assert leases.counts.returned == 16
+    # 5 spent, 16 back, 10/s refilled for one second, never above the capacity.
+    assert await level(backend, leases.fuse) == 100.0
+    assert await sweep(backend, leases) == 0  # given back once
+
+
+async def test_an_expired_lease_is_not_spent_and_goes_back_at_renewal(
+    backend: Backend, clock: Clock
+) -> None:
+    slow = BucketPolicy(rate=0.001, capacity=100)
+    leases = leases_on(backend, LeasePolicy(size=20, lifetime=1.0), bucket=slow)
+    await admit(backend, leases)
+    clock.advance(1.0)
+    await admit(backend, leases)  # the old lease's 20 go back with this renewal
+    assert leases.counts.renewals == 2
+    # 2 spent, 20 of the second lease held; the first lease's 20 came back.
+    assert await level(backend, leases.fuse) == pytest.approx(100 - 2 - 20, abs=0.01)
+
+
+async def test_closing_gives_every_lease_back(backend: Backend) -> None:
+    leases = leases_on(backend, LeasePolicy(size=30))
+    for who in ("a", "b", "c"):
+        await admit(backend, leases, who)
+    if backend.is_async:
+        await leases.aclose()
+    else:
+        leases.close()
+    assert leases.counts.returns == 3
+    for who in ("a", "b", "c"):
+        assert await level(backend, leases.fuse, who) == 99
+
+
+async def test_an_adaptive_lease_follows_the_callers_rate(backend: Backend, clock: Clock) -> None:
+    leases = leases_on(backend, LeasePolicy(cover=0.1, max_size=50), bucket=BucketPolicy(
+        rate=10_000, capacity=10_000
+    ))  # fmt: skip
+    asked: list[float] = []
+    store = leases.fuse.store
+    run = store.arun if backend.is_async else store.run
+
+    if backend.is_async:
+
+        async def spy(op: Any) -> Any:
+            if isinstance(op, Lease):
+                asked.append(op.want)
+            return await run(op)
+
+        leases.fuse._async_store = type("Spy", (), {"arun": staticmethod(spy)})()
+    else:
+
+        def sspy(op: Any) -> Any:
+            if isinstance(op, Lease):
+                asked.append(op.want)
+            return run(op)
+
+        leases.fuse._sync_store = type("Spy", (), {"run": staticmethod(sspy)})()
+    for _ in range(2_000):  # 1,000 calls a second
+        await admit(backend, leases)
+        clock.advance(0.001)
+    assert asked[0] == 1.0  # a first lease knows no rate
+    assert max(asked) == 50  # 0.1 s of 1,000/s is 100: capped at max_size
+    assert leases.counts.renewals < 2_000 / 40
+
+
+async def test_another_tier_renews_the_lease(backend: Backend) -> None:
+    leases = leases_on(backend, LeasePolicy(size=10))
+    gold = BucketPolicy(rate=10, capacity=1_000)
+    await admit(backend, leases)
+    moved = await admit(backend, leases, bucket=gold)
+    assert leases.counts.renewals == 2
+    assert moved.bucket is not None and moved.bucket.capacity == 1_000
+
+
+async def test_a_live_bucket_change_through_the_fuse_renews_the_lease(backend: Backend) -> None:
+    leases = leases_on(backend, LeasePolicy(size=10))
+    await admit(backend, leases)
+    if backend.is_async:
+        await leases.fuse.aset_bucket("agent", capacity=5)
+    else:
+        leases.fuse.set_bucket("agent", capacity=5)
+    changed = await admit(backend, leases)
+    assert leases.counts.renewals == 2
+    assert changed.bucket is not None and changed.bucket.capacity == 5
+
+
+async def test_a_refusal_is_answered_locally_within_its_retry_after(
+    backend: Backend, clock: Clock
+) -> None:
+    leases = leases_on(backend, LeasePolicy(size=4), bucket=BucketPolicy(rate=1, capacity=5))
+    allowed = [(await admit(backend, leases)).allowed for _ in range(7)]
+    assert allowed == [True] * 5 + [False] * 2
+    assert (leases.counts.renewals, leases.counts.refused_locally) == (2, 1)
+    clock.advance(1.0)  # one token refilled: retry_after has passed
+    assert (await admit(backend, leases)).allowed
+    assert leases.counts.renewals == 3
+
+
+async def test_calls_admitted_locally_reach_the_velocity_window(backend: Backend) -> None:
+    leases = leases_on(backend, LeasePolicy(size=10))
+    for _ in range(6):
+        await admit(backend, leases)
+    await sweep(backend, leases, everything=True)
+    status = await leases.fuse.astatus("agent") if backend.is_async else leases.fuse.status("agent")
+    assert status.rate == 6
+
+
+async def test_a_trip_by_locally_admitted_calls_refuses_at_the_next_renewal(
+    backend: Backend,
+) -> None:
+    tight = VelocityPolicy(limit=5, unit="calls", cooldown=30)
+    fuse = Fuse(backend.store, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
+    tripped: list[str] = []
+    fuse.on_event(lambda event: tripped.append(event.kind))
+    leases = Leases(fuse, LeasePolicy(size=10), clock=backend.clock, background=False)
+    decisions = [await admit(backend, leases) for _ in range(12)]
+    # The lease admitted 11 calls before the store heard of them; the renewal that records
+    # them trips the key (an event) and refuses; the refusal is then answered locally.
+    assert [d.allowed for d in decisions] == [True] * 11 + [False]
+    assert "tripped" in tripped
+    assert decisions[-1].error is not None and decisions[-1].error.reason == "manual_ceiling"
+    assert (await admit(backend, leases)).allowed is False
+    assert leases.counts.refused_locally == 1
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+async def test_over_admission_stays_within_the_stated_bound(
+    backend: Backend, clock: Clock, processes: int
+) -> None:
+    """Several processes spend one bucket at random: in every interval, what they admitted
+    costs at most capacity + rate * T + processes * largest lease. (Without leases, the last
+    term is 0; the check below would fail if a lease could spend what it was not granted.)"""
+    if backend.kind != "memory" and processes == 4:
+        pytest.skip("the memory store runs the same core; two Redis processes suffice")
+    bucket = BucketPolicy(rate=50, capacity=20)
+    policy = LeasePolicy(max_size=8, lifetime=0.5)
+    # A MemoryStore is one table for every "process"; a Redis twin is another client.
+    twin = (lambda: None) if backend.kind == "memory" else (lambda: backend.twin().store)
+    group = [
+        leases_on(backend, policy, store=twin() if at else None, bucket=bucket)
+        for at in range(processes)
+    ]
+    chance = random.Random(processes)
+    admitted: list[tuple[float, float]] = []
+    for _ in range(1_200):
+        clock.advance(chance.choice([0.0, 0.0005, 0.002, 0.01, 0.05]))
+        cost = chance.choice([1.0, 1.0, 2.0])
+        if (await admit(backend, chance.choice(group), cost=cost)).allowed:
+            admitted.append((clock.now, cost))
+        if chance.random() < 0.01:
+            await sweep(backend, chance.choice(group))
+    bound = policy.bound(processes)
+    spent = list(itertools.accumulate(cost for _, cost in admitted))
+    worst = 0.0
+    for i, (start, _) in enumerate(admitted):
+        before = spent[i - 1] if i else 0.0
+        for j in range(i, len(admitted)):
+            allowance = bucket.capacity + bucket.rate * (admitted[j][0] - start)
+            worst = max(worst, spent[j] - before - allowance)
+    assert worst <= bound + 1e-6
+    assert len(admitted) > 100  # the bucket was spent, not refused throughout
+    assert sum(leases.counts.local for leases in group) > 0
+
+
+async def test_a_failing_store_fails_open_like_the_direct_mode(
+    backend: Backend, clock: Clock
+) -> None:
+    if backend.kind != "memory":
+        pytest.skip("the store's failure is the fuse's, whatever the store: one backend")
+    broken = _Broken(MemoryStore(clock=clock))
+    leases = leases_on(backend, LeasePolicy(size=5), store=broken)
+    assert (await admit(backend, leases)).allowed  # a lease of 5 more
+    broken.down = True
+    local = [await admit(backend, leases) for _ in range(5)]
+    assert all(d.allowed and not d.degraded for d in local)  # the lease was granted
+    failed = await admit(backend, leases)
+    assert failed.allowed and failed.degraded
+    assert leases.fuse.health.counts.failed == 1
+    broken.down = False
+    assert (await admit(backend, leases)).allowed
+    # The five calls admitted while the store was down reach it with the next renewal.
+    status = leases.fuse.status("agent")
+    assert status.rate == 7
+
+
+async def test_a_failing_store_fails_closed_when_configured(backend: Backend, clock: Clock) -> None:
+    if backend.kind != "memory":
+        pytest.skip("the store's failure is the fuse's, whatever the store: one backend")
+    broken = _Broken(MemoryStore(clock=clock))
+    broken.down = True
+    leases = leases_on(backend, LeasePolicy(size=5), store=broken, fail_closed=True)
+    with pytest.raises(StoreUnavailable):
+        await admit(backend, leases)
+    assert all(slot.renewing is None for slot in leases._slots.values())  # nobody waits on it
+    broken.down = False
+    assert (await admit(backend, leases)).allowed
+
+
+def test_lease_policies_refuse_nonsense() -> None:
+    for bad in ({"size": 0}, {"max_size": -1}, {"lifetime": float("nan")}, {"max_keys": 0}):
+        with pytest.raises(ConfigurationError):
+            LeasePolicy(**bad)
+    assert LeasePolicy().bound(4) == 400
+    assert LeasePolicy(size=25).bound(3) == 75
+
+
+class _Broken:
+    """A store that raises ``StoreUnavailable`` while ``down``."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.down = False
+
+    def run(self, op: Any) -> Any:
+        if self.down:
+            raise StoreUnavailable("down for the test")
+        return self.store.run(op)
+
+    async def arun(self, op: Any) -> Any:
+        return self.run(op)
+
+    def run_many(self, ops: Any) -> list[Any]:
+        return [self.run(op) for op in ops]
