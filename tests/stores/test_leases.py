@@ -308,3 +308,20 @@ class _Broken:
 
     def run_many(self, ops: Any) -> list[Any]:
         return [self.run(op) for op in ops]
+
+
+async def test_another_processes_live_change_is_seen_within_a_lifetime(
+    backend: Backend, clock: Clock
+) -> None:
+    leases = leases_on(backend, LeasePolicy(size=10, lifetime=1.0))
+    other = fuse_on(backend.store if backend.kind == "memory" else backend.twin().store)
+    await admit(backend, leases)
+    if backend.is_async:
+        await other.aset_bucket("agent", capacity=5)
+    else:
+        other.set_bucket("agent", capacity=5)
+    stale = await admit(backend, leases)  # this process has not heard of it: its lease holds
+    assert stale.bucket is not None and stale.bucket.capacity == 100
+    clock.advance(1.0)  # the lease expired: the renewal reads the change
+    fresh = await admit(backend, leases)
+    assert fresh.bucket is not None and fresh.bucket.capacity == 5
