@@ -210,15 +210,11 @@ async def test_a_trip_by_locally_admitted_calls_refuses_at_the_next_renewal(
     assert leases.counts.refused_locally == 1
 
 
-@pytest.mark.parametrize("processes", [2, 4])
-async def test_over_admission_stays_within_the_stated_bound(
-    backend: Backend, clock: Clock, processes: int
-) -> None:
+async def test_over_admission_stays_within_the_stated_bound(backend: Backend, clock: Clock) -> None:
     """Several processes spend one bucket at random: in every interval, what they admitted
     costs at most capacity + rate * T + processes * largest lease. (Without leases, the last
-    term is 0; the check below would fail if a lease could spend what it was not granted.)"""
-    if backend.kind != "memory" and processes == 4:
-        pytest.skip("the memory store runs the same core; two Redis processes suffice")
+    term is 0; the check below fails if a lease can spend what it was not granted.)"""
+    processes = 4 if backend.kind == "memory" else 2  # Redis: the same core, fewer clients
     bucket = BucketPolicy(rate=50, capacity=20)
     policy = LeasePolicy(max_size=8, lifetime=0.5)
     # A MemoryStore is one table for every "process"; a Redis twin is another client.
@@ -249,11 +245,12 @@ async def test_over_admission_stays_within_the_stated_bound(
     assert sum(leases.counts.local for leases in group) > 0
 
 
-async def test_a_failing_store_fails_open_like_the_direct_mode(
-    backend: Backend, clock: Clock
-) -> None:
-    if backend.kind != "memory":
-        pytest.skip("the store's failure is the fuse's, whatever the store: one backend")
+# The store's failure is the fuse's whatever the store (the real Redis going away:
+# tests/drills/test_lease_drill.py): a MemoryStore that raises stands for any.
+
+
+async def test_a_failing_store_fails_open_like_the_direct_mode(clock: Clock) -> None:
+    backend = Backend("memory", None, False, clock)
     broken = _Broken(MemoryStore(clock=clock))
     leases = leases_on(backend, LeasePolicy(size=5), store=broken)
     assert (await admit(backend, leases)).allowed  # a lease of 5 more
@@ -270,9 +267,8 @@ async def test_a_failing_store_fails_open_like_the_direct_mode(
     assert status.rate == 7
 
 
-async def test_a_failing_store_fails_closed_when_configured(backend: Backend, clock: Clock) -> None:
-    if backend.kind != "memory":
-        pytest.skip("the store's failure is the fuse's, whatever the store: one backend")
+async def test_a_failing_store_fails_closed_when_configured(clock: Clock) -> None:
+    backend = Backend("memory", None, False, clock)
     broken = _Broken(MemoryStore(clock=clock))
     broken.down = True
     leases = leases_on(backend, LeasePolicy(size=5), store=broken, fail_closed=True)
