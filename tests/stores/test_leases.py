@@ -6,8 +6,10 @@ Each test runs through the face the backend serves (``admit`` or ``aadmit``); a 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
+import threading
 from typing import Any
 
 import pytest
@@ -321,3 +323,83 @@ async def test_another_processes_live_change_is_seen_within_a_lifetime(
     clock.advance(1.0)  # the lease expired: the renewal reads the change
     fresh = await admit(backend, leases)
     assert fresh.bucket is not None and fresh.bucket.capacity == 5
+
+
+# -- concurrency: one call renews, the others wait for it at most LeasePolicy.wait ----------------
+
+
+class _Held(MemoryStore):
+    """A MemoryStore whose ``Lease`` waits until the test lets it go: a renewal in flight."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.admits = 0
+
+    def run(self, op: Any) -> Any:
+        if isinstance(op, Lease) and not self.release.is_set():
+            self.entered.set()
+            self.release.wait(10)
+        if type(op).__name__ == "Admit":
+            self.admits += 1
+        return super().run(op)
+
+
+def test_a_call_waits_for_a_renewal_at_most_wait_then_goes_direct(clock: Clock) -> None:
+    store = _Held(clock=clock)
+    leases = Leases(fuse_on(store), LeasePolicy(size=10, wait=0.01), clock=clock, background=False)
+    renewing = threading.Thread(target=leases.admit, args=("agent",))
+    renewing.start()
+    assert store.entered.wait(10)
+    decision = leases.admit("agent")  # the renewal is held: this one cannot wait for ever
+    assert decision.allowed and decision.bucket is not None
+    assert (leases.counts.direct, store.admits) == (1, 1)
+    store.release.set()
+    renewing.join(10)
+    assert leases.admit("agent").allowed
+    assert (leases.counts.renewals, leases.counts.local) == (1, 1)
+
+
+def test_a_call_that_waited_spends_the_new_lease(clock: Clock) -> None:
+    store = _Held(clock=clock)
+    leases = Leases(fuse_on(store), LeasePolicy(size=10, wait=10), clock=clock, background=False)
+    renewing = threading.Thread(target=leases.admit, args=("agent",))
+    renewing.start()
+    assert store.entered.wait(10)
+    waiting: list[Decision] = []
+    waiter = threading.Thread(target=lambda: waiting.append(leases.admit("agent")))
+    waiter.start()
+    store.release.set()  # the waiter wakes when the renewal is in, whenever that is
+    renewing.join(10)
+    waiter.join(10)
+    assert waiting[0].allowed
+    assert (leases.counts.renewals, leases.counts.local, leases.counts.direct) == (1, 1, 0)
+
+
+async def test_concurrent_async_calls_share_one_renewal(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    slow_runs: list[str] = []
+
+    class Slow:
+        async def arun(self, op: Any) -> Any:
+            slow_runs.append(op.name)
+            await asyncio.sleep(0)  # the others get to run while this renewal is in flight
+            return store.run(op)
+
+    fuse = fuse_on(Slow())
+    leases = Leases(fuse, LeasePolicy(size=10, wait=10), clock=clock, background=False)
+    decisions = await asyncio.gather(*(leases.aadmit("agent") for _ in range(8)))
+    assert all(d.allowed for d in decisions)
+    assert slow_runs == ["lease"]  # one round trip for eight calls
+    assert (leases.counts.renewals, leases.counts.local) == (1, 7)
+
+
+def test_callers_beyond_max_keys_are_decided_directly(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    leases = Leases(fuse_on(store), LeasePolicy(size=10, max_keys=2), clock=clock, background=False)
+    for who in ("a", "b", "c", "c"):
+        assert leases.admit(who).allowed
+    assert (len(leases._slots), leases.counts.direct) == (2, 2)
+    leases.sweep(everything=True)  # the table empties as leases go back
+    assert len(leases._slots) == 0
