@@ -22,9 +22,13 @@ it in front of the middleware's fuse). The policy is ``_core/lease.py``'s, the s
   ``Fuse``'s handling (fail open, or closed if so configured; counted in ``fuse.health``,
   logged, an event). A lease already held is spent as usual: its tokens were granted.
 
-What it gives up: another process's ``set_bucket`` or trip is seen here at the next renewal,
-at most ``lifetime`` later (or sooner, when the store's open-key view announces a trip); the
-bucket may admit up to ``processes * LeasePolicy.largest`` beyond ``capacity + rate * T``.
+* **Another process's change** (a trip, ``reset``, ``set_bucket``) is announced on the
+  open-key channel: with a ``RedisStore`` whose view is subscribed, the caller's lease is
+  renewed at its next call; without (no view, a lost subscription) at its next renewal, at
+  most ``lifetime`` later.
+
+What it gives up: up to ``processes * LeasePolicy.largest`` beyond ``capacity + rate * T``
+in any ``T`` seconds (``_core/lease.py``), and that staleness.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from ._core.velocity import VelocityVerdict
 from ._events import FuseEvent, logger
 from ._fuse import Decision, Fuse, Who, _admission_numbers
 from ._identity import Identity
+from ._stores.open_keys import OpenKeys
 from ._stores.ops import Lease, ReturnLease
 from ._throttle import Throttle
 
@@ -115,6 +120,13 @@ class Leases:
         self._background = background
         self._log = Throttle(60.0)
         fuse.on_event(_invalidator(weakref.ref(self)))
+        # A store with an open-key view (RedisStore) announces trips, resets and live
+        # overrides made by any process: the lease of that caller is renewed at its next call.
+        view = getattr(fuse.store, "open_keys", None)
+        if isinstance(view, OpenKeys):
+            prefix = getattr(fuse.store, "prefix", "")
+            view.listeners.append(_announced(weakref.ref(self), f"{prefix}:{{"))
+            view.start()
         if fuse.has_sync:
             atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -421,9 +433,21 @@ class Leases:
         with self._lock:
             for slot in self._slots.values():
                 if slot.key_id == key_id:
-                    if slot.lease is not None:
-                        slot.lease.expires = float("-inf")
-                    slot.refusal = None
+                    _expire(slot)
+
+    def invalidate_key(self, key: str) -> None:
+        """``invalidate`` for the caller whose store key (``Fuse._key``) is ``key``."""
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None:
+                _expire(slot)
+
+
+def _expire(slot: _Slot) -> None:
+    """The next call renews the lease, and asks the store instead of a cached refusal."""
+    if slot.lease is not None:
+        slot.lease.expires = float("-inf")
+    slot.refusal = None
 
 
 def _sweep_thread(ref: weakref.ref[Leases], stop: threading.Event, every: float) -> None:
@@ -460,6 +484,18 @@ def _invalidator(ref: weakref.ref[Leases]) -> Callable[[FuseEvent], None]:
             leases.invalidate(event.key_id)
 
     return hook
+
+
+def _announced(ref: weakref.ref[Leases], start: str) -> Callable[[str, str], None]:
+    """An open-key listener: a trip, reset or live change of a caller (``<prefix>:{<key>}``)
+    announced by any process renews its lease at its next call."""
+
+    def listener(kind: str, redis_key: str) -> None:
+        leases = ref()
+        if leases is not None and redis_key.startswith(start) and redis_key.endswith("}"):
+            leases.invalidate_key(redis_key[len(start) : -1])
+
+    return listener
 
 
 def _close_at_exit(ref: weakref.ref[Leases]) -> None:

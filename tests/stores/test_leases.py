@@ -20,6 +20,7 @@ from tokenfuse import BucketPolicy, Fuse, VelocityPolicy
 from tokenfuse._core.lease import LeasePolicy
 from tokenfuse._errors import ConfigurationError, StoreUnavailable
 from tokenfuse._fuse import Decision
+from tokenfuse._identity import Identity
 from tokenfuse._leases import Leases
 from tokenfuse._stores.memory import MemoryStore
 from tokenfuse._stores.ops import Lease
@@ -312,6 +313,9 @@ async def test_another_processes_live_change_is_seen_within_a_lifetime(
     backend: Backend, clock: Clock
 ) -> None:
     leases = leases_on(backend, LeasePolicy(size=10, lifetime=1.0))
+    view = getattr(backend.store, "open_keys", None)
+    if view is not None:  # this process hears no announcement (a subscription lost)
+        view.listeners.clear()
     other = fuse_on(backend.store if backend.kind == "memory" else backend.twin().store)
     await admit(backend, leases)
     if backend.is_async:
@@ -403,3 +407,49 @@ def test_callers_beyond_max_keys_are_decided_directly(clock: Clock) -> None:
     assert (len(leases._slots), leases.counts.direct) == (2, 2)
     leases.sweep(everything=True)  # the table empties as leases go back
     assert len(leases._slots) == 0
+
+
+# -- announcements: what another process does reaches this one's leases in milliseconds ------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("change", ["set_bucket", "trip", "reset"])
+def test_another_processes_change_renews_the_lease_when_announced(
+    redis_url: str, redis_prefix: str, clock: Clock, change: str
+) -> None:
+    from tokenfuse._stores.redis import RedisStore
+
+    here = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    there = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    tight = VelocityPolicy(limit=100, unit="calls", cooldown=30)
+    fuse = Fuse(here, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
+    other = Fuse(there, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
+    leases = Leases(fuse, LeasePolicy(size=10, lifetime=3_600), clock=clock, background=False)
+    try:
+        assert here.open_keys is not None and here.open_keys.wait_synced(10)
+        assert leases.admit("agent").allowed  # a lease of 10 more, for an hour
+        if change == "set_bucket":
+            other.set_bucket("agent", capacity=5)
+        elif change == "trip":
+            assert other.record("agent", 500).tripped
+        else:
+            other.reset("agent")
+        key = fuse._key(Identity.of("agent"))
+
+        def renewed(_: Any) -> bool:
+            lease = leases._slots[key].lease
+            return lease is None or lease.expires == float("-inf")
+
+        assert here.open_keys.wait_until(renewed, 10)  # the announcement arrived
+        decision = leases.admit("agent")
+        assert leases.counts.renewals == 2
+        if change == "set_bucket":
+            assert decision.bucket is not None and decision.bucket.capacity == 5
+        elif change == "trip":
+            assert not decision.allowed and decision.error is not None
+        else:
+            assert decision.allowed and decision.bucket is not None
+            assert decision.bucket.remaining == 100 - 1 - 10  # refilled by the reset
+    finally:
+        here.close()
+        there.close()
