@@ -345,52 +345,51 @@ class Leases:
 
     def sweep(self, *, everything: bool = False) -> int:
         """Give back the leases that expired (``everything``: all of them); how many."""
-        due = self._due(everything=everything)
         store = self.fuse._sync_store
-        if not due or store is None:
+        if store is None:
             return 0
-        try:
-            run_many = getattr(store, "run_many", None)
-            ops = [op for _, op in due]
-            results = run_many(ops) if run_many else [store.run(op) for op in ops]
-        except Exception as exc:
-            self._lost(len(due), exc)
-            return 0
-        return self._returned(due, results)
+        # One script call each, not a pipeline: returns are rare, run off the callers' path,
+        # and a pipeline of scripts is refused by a Redis Cluster client.
+        returned = 0
+        for slot, op in self._due(everything=everything):
+            try:
+                tripped = store.run(op)
+            except Exception as exc:
+                self._lost(exc)
+                continue
+            returned += self._returned(slot, op, tripped)
+        return returned
 
     async def asweep(self, *, everything: bool = False) -> int:
         """``sweep`` for asyncio code."""
-        due = self._due(everything=everything)
         store = self.fuse._async_store
-        if not due or store is None:
+        if store is None:
             return 0
-        try:
-            run_many = getattr(store, "arun_many", None)
-            ops = [op for _, op in due]
-            results = await run_many(ops) if run_many else [await store.arun(op) for op in ops]
-        except Exception as exc:
-            self._lost(len(due), exc)
-            return 0
-        return self._returned(due, results)
+        returned = 0
+        for slot, op in self._due(everything=everything):
+            try:
+                tripped = await store.arun(op)
+            except Exception as exc:
+                self._lost(exc)
+                continue
+            returned += self._returned(slot, op, tripped)
+        return returned
 
-    def _returned(
-        self, due: list[tuple[_Slot, ReturnLease]], results: list[VelocityVerdict | None]
-    ) -> int:
-        for (slot, op), tripped in zip(due, results, strict=True):
-            self.counts.returns += 1
-            self.counts.returned += op.give_back
-            if tripped is not None:
-                self.fuse._velocity_decision(slot.identity, tripped)  # the trip's event
-        return len(due)
+    def _returned(self, slot: _Slot, op: ReturnLease, tripped: VelocityVerdict | None) -> int:
+        self.counts.returns += 1
+        self.counts.returned += op.give_back
+        if tripped is not None:
+            self.fuse._velocity_decision(slot.identity, tripped)  # the trip's event
+        return 1
 
-    def _lost(self, leases: int, exc: Exception) -> None:
-        self.counts.lost += leases
+    def _lost(self, exc: Exception) -> None:
+        self.counts.lost += 1
         if self._log.take() is not None:
             logger.warning(
-                "tokenfuse: %d leases not given back (store unavailable: %s): their unspent "
-                "tokens are lost and their calls not recorded in the velocity window "
+                "tokenfuse: a lease was not given back (store unavailable: %s): its unspent "
+                "tokens are lost and its calls not recorded in the velocity window "
                 "(%d leases so far)",
-                leases, exc, self.counts.lost,
+                exc, self.counts.lost,
             )  # fmt: skip
 
     def close(self) -> None:
