@@ -290,9 +290,9 @@ class Leases:
             decision = fuse._admit_decision(identity, verdict.admit)
             bucket = verdict.admit.bucket
             with self._lock:
-                if decision.allowed and bucket is not None:
+                if decision.allowed and bucket is not None and op.bucket is not None:
                     slot.lease = LocalLease(
-                        policy=op.bucket or self.fuse.bucket,  # type: ignore[arg-type]
+                        policy=op.bucket,
                         tokens=verdict.granted,
                         expires=started + self.policy.lifetime,
                         started=started,
@@ -474,12 +474,17 @@ async def _sweep_task(ref: weakref.ref[Leases], stop: threading.Event, every: fl
         del leases
 
 
+#: The fuse's events after which a caller's lease is renewed at its next call: a trip (by a
+#: ``record`` of the tokens a handler reported), a reset, a live change.
+_RENEW_ON = frozenset({"tripped", "reset", "forgiven", "configured"})
+
+
 def _invalidator(ref: weakref.ref[Leases]) -> Callable[[FuseEvent], None]:
-    """A fuse hook: a reset or a live bucket change made through the fuse renews the lease."""
+    """A fuse hook: a trip, reset or live change made through this fuse renews the lease."""
 
     def hook(event: FuseEvent) -> None:
         leases = ref()
-        if leases is not None and event.key_id and event.kind in ("reset", "configured"):
+        if leases is not None and event.key_id and event.kind in _RENEW_ON:
             leases.invalidate(event.key_id)
 
     return hook

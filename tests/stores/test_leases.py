@@ -453,3 +453,16 @@ def test_another_processes_change_renews_the_lease_when_announced(
     finally:
         here.close()
         there.close()
+
+
+def test_a_trip_recorded_in_this_process_renews_the_lease(clock: Clock) -> None:
+    """count="tokens": calls are admitted with amount 0 and the handler's tokens recorded
+    after; a record that trips the key renews the lease, so the next call is refused."""
+    tight = VelocityPolicy(limit=1_000, cooldown=30)
+    fuse = Fuse(MemoryStore(clock=clock), velocity=tight, bucket=BUCKET, secret=SECRET)
+    leases = Leases(fuse, LeasePolicy(size=10, lifetime=60), clock=clock, background=False)
+    assert leases.admit("agent", amount=0).allowed
+    assert fuse.record("agent", 5_000).tripped
+    refused = leases.admit("agent", amount=0)
+    assert not refused.allowed and refused.error is not None
+    assert leases.counts.renewals == 2
