@@ -42,6 +42,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 from ._core.bucket import BucketPolicy, BucketVerdict
@@ -50,8 +51,9 @@ from ._core.velocity import VelocityVerdict
 from ._events import FuseEvent, logger
 from ._fuse import Decision, Fuse, Who, _admission_numbers
 from ._identity import Identity
+from ._observe import WATCHERS, decided
 from ._stores.open_keys import OpenKeys
-from ._stores.ops import Lease, ReturnLease
+from ._stores.ops import Admit, Lease, ReturnLease
 from ._throttle import Throttle
 
 __all__ = ["LeaseCounts", "Leases"]
@@ -150,6 +152,7 @@ class Leases:
             return self.fuse.admit(identity, cost=cost, amount=amount, bucket=bucket)
         cost, amount = _admission_numbers(cost, amount)
         key = self.fuse._key(identity)
+        started = perf_counter() if WATCHERS.decisions else 0.0
         step = self._step(key, identity, policy, cost, amount, wait=True)
         if isinstance(step, tuple) and step[0] == _WAIT:
             waiting = step[1]
@@ -157,6 +160,8 @@ class Leases:
                 waiting.wait(self.policy.wait)
             step = self._step(key, identity, policy, cost, amount, wait=False)
         if isinstance(step, Decision):
+            if started:
+                self._observed(Admit(key, cost, amount, self.fuse.velocity, policy), step, started)
             return step
         if step[0] == _RENEW:
             self._start_sweeper(sync=True)
@@ -179,6 +184,7 @@ class Leases:
             return await self.fuse.aadmit(identity, cost=cost, amount=amount, bucket=bucket)
         cost, amount = _admission_numbers(cost, amount)
         key = self.fuse._key(identity)
+        started = perf_counter() if WATCHERS.decisions else 0.0
         step = self._step(key, identity, policy, cost, amount, wait=True, asynchronous=True)
         if isinstance(step, tuple) and step[0] == _WAIT:
             waiting = step[1]
@@ -187,12 +193,22 @@ class Leases:
                     await asyncio.wait_for(asyncio.shield(waiting), self.policy.wait)
             step = self._step(key, identity, policy, cost, amount, wait=False, asynchronous=True)
         if isinstance(step, Decision):
+            if started:
+                self._observed(Admit(key, cost, amount, self.fuse.velocity, policy), step, started)
             return step
         if step[0] == _RENEW:
             self._start_sweeper(sync=False)
             return await self._arenew(key, step[1], step[2])
         self.counts.direct += 1
         return await self.fuse.aadmit(identity, cost=cost, amount=amount, bucket=bucket)
+
+    def _observed(self, op: Admit, decision: Decision, started: float) -> None:
+        """Report a decision made here to the process's observers (metrics), as the ``admit``
+        it stands for: the decisions and refusals a dashboard counts stay the same in lease
+        mode (the renewals are counted as ``lease``)."""
+        watchers = WATCHERS.decisions
+        if watchers:
+            decided(watchers, self.fuse, op, decision, perf_counter() - started)
 
     # -- one step under the lock -----------------------------------------------------------------
 
