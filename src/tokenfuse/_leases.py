@@ -11,6 +11,8 @@ it in front of the middleware's fuse). The policy is ``_core/lease.py``'s, the s
   this call exactly as ``Admit`` would and takes the next lease. Calls of the same caller that
   arrive meanwhile wait for it, at most ``LeasePolicy.wait``, then are decided directly (one
   ``Admit`` each): a renewal never holds a call longer than that.
+* **Top-ups** (asyncio callers, ``LeasePolicy.top_up``): once half a lease is spent, a task
+  tops it up off the callers' path, so a busy caller rarely meets an empty lease.
 * **A refusal** learned from the store (an empty bucket, an open latch) is answered here until
   its ``retry_after`` runs out, at most ``lifetime``: a refused caller hammering its limit costs
   no round trip per call either.
@@ -46,7 +48,14 @@ from time import perf_counter
 from typing import Any
 
 from ._core.bucket import BucketPolicy, BucketVerdict
-from ._core.lease import LeasePolicy, LeaseVerdict, LocalLease, next_size, spend
+from ._core.lease import (
+    LeasePolicy,
+    LeaseVerdict,
+    LocalLease,
+    next_size,
+    spend,
+    wants_top_up,
+)
 from ._core.velocity import VelocityVerdict
 from ._events import FuseEvent, logger
 from ._fuse import Decision, Fuse, Who, _admission_numbers
@@ -70,6 +79,7 @@ class LeaseCounts:
     local: int = 0  # calls admitted from a lease, with no round trip
     refused_locally: int = 0  # calls refused from a refusal the store gave within retry_after
     renewals: int = 0  # Lease round trips (each also decides one call)
+    top_ups: int = 0  # Lease round trips in the background, before the lease runs out (asyncio)
     direct: int = 0  # calls decided by one Admit: a renewal took longer than wait, or no room
     returns: int = 0  # leases given back (expired, invalidated, or closed)
     returned: float = 0.0  # tokens given back
@@ -86,11 +96,32 @@ class _Slot:
     refusal: Decision | None = None  # answered until refused_until (this clock)
     refused_until: float = 0.0
     renewing: threading.Event | asyncio.Future[None] | None = None
+    renewing_since: float = 0.0
     pending: list[float] = field(default_factory=list)  # amounts of a failed renewal
 
 
+#: Seconds after which a renewal still in flight counts as abandoned (its event loop was closed
+#: under it) and another call may renew: far beyond any store call's budget.
+ABANDONED = 30.0
+
+
+def _ours(renewing: threading.Event | asyncio.Future[None]) -> bool:
+    """Whether this thread can wait for ``renewing``: a sync renewal from a thread, a task's
+    from a task of the same event loop."""
+    if isinstance(renewing, threading.Event):
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return True
+        return False
+    try:
+        return renewing.get_loop() is asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+
+
 # What one step under the lock decided: a decision, or what to do for one.
-_RENEW, _WAIT, _DIRECT = "renew", "wait", "direct"
+_RENEW, _WAIT, _DIRECT, _TOP_UP = "renew", "wait", "direct", "top up"
 
 
 class Leases:
@@ -120,6 +151,7 @@ class Leases:
         self._sweeper: threading.Thread | asyncio.Task[None] | None = None
         self._stop = threading.Event()
         self._background = background
+        self._tasks: set[asyncio.Task[None]] = set()  # top-ups in flight
         self._log = Throttle(60.0)
         fuse.on_event(_invalidator(weakref.ref(self)))
         # A store with an open-key view (RedisStore) announces trips, resets and live
@@ -192,6 +224,11 @@ class Leases:
                 with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(waiting), self.policy.wait)
             step = self._step(key, identity, policy, cost, amount, wait=False, asynchronous=True)
+        if isinstance(step, tuple) and step[0] == _TOP_UP:
+            _, step, slot, op = step
+            task = asyncio.get_running_loop().create_task(self._top_up(slot, op))
+            self._tasks.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(self._tasks.discard)
         if isinstance(step, Decision):
             if started:
                 self._observed(Admit(key, cost, amount, self.fuse.velocity, policy), step, started)
@@ -235,13 +272,24 @@ class Leases:
             lease = slot.lease
             if lease is not None and lease.policy is policy and spend(lease, cost, amount, now):
                 self.counts.local += 1
-                return self._local(slot, lease)
+                decision = self._local(slot, lease)
+                if (
+                    asynchronous
+                    and self.policy.top_up
+                    and slot.renewing is None
+                    and wants_top_up(lease)
+                ):
+                    slot.renewing = asyncio.get_running_loop().create_future()
+                    slot.renewing_since = now
+                    return (_TOP_UP, decision, slot, self._top_up_op(key, lease, now))
+                return decision
             if slot.refusal is not None and now < slot.refused_until:
                 self.counts.refused_locally += 1
                 return slot.refusal
-            if slot.renewing is not None:
-                ours = isinstance(slot.renewing, asyncio.Future) == asynchronous
-                return (_WAIT, slot.renewing) if wait and ours else (_DIRECT,)
+            if slot.renewing is not None and now - slot.renewing_since < ABANDONED:
+                return (_WAIT, slot.renewing) if wait and _ours(slot.renewing) else (_DIRECT,)
+            # No renewal in flight (or one whose event loop went away without finishing it).
+            slot.renewing_since = now
             slot.renewing = (
                 asyncio.get_running_loop().create_future() if asynchronous else threading.Event()
             )
@@ -263,6 +311,14 @@ class Leases:
         want = next_size(lease, self.policy, now)
         velocity = self.fuse.velocity
         return Lease(key, cost, amount, want, give_back, tuple(pending), velocity, policy)
+
+    def _top_up_op(self, key: str, lease: LocalLease, now: float) -> Lease:
+        """A renewal of ``lease`` that decides no call (cost 0) and asks for what would bring it
+        to its next size; takes its pending amounts with it (lock held)."""
+        lease.topped = True
+        pending, lease.pending = tuple(lease.pending), []
+        want = max(next_size(lease, self.policy, now) - lease.tokens, 0.0)
+        return Lease(key, 0.0, 0.0, want, 0.0, pending, self.fuse.velocity, lease.policy)
 
     def _local(self, slot: _Slot, lease: LocalLease) -> Decision:
         remaining = min(lease.capacity, lease.remaining + lease.tokens)
@@ -320,6 +376,68 @@ class Leases:
                 elif not decision.allowed and decision.error is not None:
                     wait = min(decision.error.retry_after, self.policy.lifetime)
                     slot.refusal, slot.refused_until = decision, started + wait
+            return decision
+
+        return install
+
+    async def _top_up(self, slot: _Slot, op: Lease) -> None:
+        """Top the caller's lease up off the callers' path (asyncio). A failure is the fuse's
+        (counted, logged, an event); the lease then runs out and is renewed on demand."""
+        self.counts.top_ups += 1
+        installed: list[bool] = []
+        give_back: list[float] = []
+        try:
+            await self.fuse._adecide(
+                slot.identity, op, self._topper(slot, op, installed, give_back)
+            )
+            store = self.fuse._async_store
+            if give_back and store is not None:  # the lease was renewed or invalidated meanwhile
+                await store.arun(ReturnLease(op.key, give_back[0], (), op.velocity, op.bucket))
+                self.counts.returns += 1
+                self.counts.returned += give_back[0]
+        except Exception as exc:  # fail_closed raises: a background task has nobody to tell
+            self._lost(exc)
+        finally:
+            self._renewed(slot, op, installed)
+
+    def _topper(
+        self, slot: _Slot, op: Lease, installed: list[bool], give_back: list[float]
+    ) -> Callable[[Identity, LeaseVerdict], Decision]:
+        """What to do with a top-up's verdict: add the tokens to the lease if it is still the
+        caller's (else give them back); an open latch ends the lease."""
+
+        def install(identity: Identity, verdict: LeaseVerdict) -> Decision:
+            installed.append(True)
+            fuse = self.fuse
+            if verdict.tripped is not None:
+                fuse._velocity_decision(identity, verdict.tripped)
+            decision = fuse._admit_decision(identity, verdict.admit)
+            bucket = verdict.admit.bucket
+            now = self._clock()
+            with self._lock:
+                lease = slot.lease
+                live = lease is not None and lease.expires != float("-inf")
+                if lease is None or not live or lease.policy is not op.bucket:
+                    if verdict.granted > 0.0:
+                        give_back.append(verdict.granted)
+                elif not decision.allowed:  # the latch is open (a cost of 0 is always there)
+                    lease.expires = float("-inf")
+                    if decision.error is not None:
+                        wait = min(decision.error.retry_after, self.policy.lifetime)
+                        slot.refusal, slot.refused_until = decision, now + wait
+                elif bucket is not None:
+                    slot.lease = LocalLease(
+                        policy=lease.policy,
+                        tokens=lease.tokens + verdict.granted,
+                        expires=now + self.policy.lifetime,
+                        started=now,
+                        capacity=bucket.capacity,
+                        rate=bucket.rate,
+                        remaining=bucket.remaining,
+                        size=lease.tokens + op.want,
+                        pending=lease.pending,
+                        topped=verdict.granted < op.want,  # the bucket runs dry: no more
+                    )
             return decision
 
         return install

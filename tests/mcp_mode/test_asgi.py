@@ -364,7 +364,9 @@ async def test_lease_mode_charges_tool_calls_from_the_lease(clock: Clock) -> Non
     from tokenfuse._core.lease import LeasePolicy
 
     app = ToolServer()
-    client, _ = guarded(app, clock, capacity=10, lease=LeasePolicy(size=4, lifetime=60))
+    client, _ = guarded(
+        app, clock, capacity=10, lease=LeasePolicy(size=4, lifetime=60, top_up=False)
+    )
     for n in range(11):
         await client.post(call("lookup", n))
     assert app.executed == ["lookup"] * 10  # the eleventh was refused (as a tool result)

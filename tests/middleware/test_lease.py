@@ -37,7 +37,7 @@ def test_leased_calls_get_the_direct_modes_answers(
 ) -> None:
     store = CountingStore(clock=clock)
     fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
-    call = serve(fuse=fuse, lease=LeasePolicy(size=10, lifetime=60))
+    call = serve(fuse=fuse, lease=LeasePolicy(size=10, lifetime=60, top_up=False))
 
     replies = [call("POST", "/tools/refund", AUTH) for _ in range(51)]
 
@@ -77,3 +77,18 @@ def test_a_dead_redis_fails_open_in_lease_mode(serve: Callable[..., Call]) -> No
     assert [reply.status for reply in replies] == [200] * 10
     assert all("ratelimit" not in reply.headers for reply in replies)
     assert fuse.health.counts.failed + fuse.health.counts.skipped == 10
+
+
+def test_top_ups_give_the_same_answers(serve: Callable[..., Call], clock: Clock) -> None:
+    """With top-ups (asyncio apps top a half-spent lease up in the background): the same
+    answers, and still a fraction of the direct mode's round trips."""
+    store = CountingStore(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    call = serve(fuse=fuse, lease=LeasePolicy(size=10, lifetime=60))
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(51)]
+
+    assert [reply.status for reply in replies] == [200] * 50 + [429]
+    assert store.ran["admit"] == 0
+    assert store.ran["lease"] <= 12
+    assert fuse.status(Identity.secret(AUTH["Authorization"].split()[1])).rate == 50

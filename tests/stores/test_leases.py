@@ -23,11 +23,17 @@ from tokenfuse._fuse import Decision
 from tokenfuse._identity import Identity
 from tokenfuse._leases import Leases
 from tokenfuse._stores.memory import MemoryStore
-from tokenfuse._stores.ops import Lease
+from tokenfuse._stores.ops import Lease, ReadStatus
 
 SECRET = "a test secret of at least 16 characters"
 BUCKET = BucketPolicy(rate=10, capacity=100)
 CALLS = VelocityPolicy(limit=1_000_000, unit="calls", cold_start_limit=None)
+
+
+def on_demand(**options: Any) -> LeasePolicy:
+    """A policy whose leases are renewed only when they run out: exact round-trip counts
+    whatever the face (asyncio callers top leases up in the background otherwise)."""
+    return LeasePolicy(top_up=False, **options)
 
 
 def fuse_on(store: Any, bucket: BucketPolicy = BUCKET, **options: Any) -> Fuse:
@@ -58,7 +64,7 @@ async def level(backend: Backend, fuse: Fuse, who: str = "agent") -> float:
 
 
 async def test_a_lease_admits_locally_until_spent(backend: Backend) -> None:
-    leases = leases_on(backend, LeasePolicy(size=10))
+    leases = leases_on(backend, on_demand(size=10))
     decisions = [await admit(backend, leases) for _ in range(11)]
     assert all(d.allowed for d in decisions)
     # The first call took its cost and ten more; the next ten were local; none asked twice.
@@ -69,7 +75,7 @@ async def test_a_lease_admits_locally_until_spent(backend: Backend) -> None:
 
 
 async def test_a_local_decision_carries_the_bucket_for_the_headers(backend: Backend) -> None:
-    leases = leases_on(backend, LeasePolicy(size=10))
+    leases = leases_on(backend, on_demand(size=10))
     await admit(backend, leases)
     local = await admit(backend, leases)
     assert local.bucket is not None
@@ -81,7 +87,7 @@ async def test_a_local_decision_carries_the_bucket_for_the_headers(backend: Back
 async def test_unspent_tokens_go_back_when_the_lease_expires(
     backend: Backend, clock: Clock
 ) -> None:
-    leases = leases_on(backend, LeasePolicy(size=20, lifetime=1.0))
+    leases = leases_on(backend, on_demand(size=20, lifetime=1.0))
     for _ in range(5):
         await admit(backend, leases)
     assert await level(backend, leases.fuse) == 100 - 21
@@ -99,7 +105,7 @@ async def test_an_expired_lease_is_not_spent_and_goes_back_at_renewal(
     backend: Backend, clock: Clock
 ) -> None:
     slow = BucketPolicy(rate=0.001, capacity=100)
-    leases = leases_on(backend, LeasePolicy(size=20, lifetime=1.0), bucket=slow)
+    leases = leases_on(backend, on_demand(size=20, lifetime=1.0), bucket=slow)
     await admit(backend, leases)
     clock.advance(1.0)
     await admit(backend, leases)  # the old lease's 20 go back with this renewal
@@ -109,7 +115,7 @@ async def test_an_expired_lease_is_not_spent_and_goes_back_at_renewal(
 
 
 async def test_closing_gives_every_lease_back(backend: Backend) -> None:
-    leases = leases_on(backend, LeasePolicy(size=30))
+    leases = leases_on(backend, on_demand(size=30))
     for who in ("a", "b", "c"):
         await admit(backend, leases, who)
     if backend.is_async:
@@ -122,7 +128,7 @@ async def test_closing_gives_every_lease_back(backend: Backend) -> None:
 
 
 async def test_an_adaptive_lease_follows_the_callers_rate(backend: Backend, clock: Clock) -> None:
-    leases = leases_on(backend, LeasePolicy(cover=0.1, max_size=50), bucket=BucketPolicy(
+    leases = leases_on(backend, on_demand(cover=0.1, max_size=50), bucket=BucketPolicy(
         rate=10_000, capacity=10_000
     ))  # fmt: skip
     asked: list[float] = []
@@ -154,7 +160,7 @@ async def test_an_adaptive_lease_follows_the_callers_rate(backend: Backend, cloc
 
 
 async def test_another_tier_renews_the_lease(backend: Backend) -> None:
-    leases = leases_on(backend, LeasePolicy(size=10))
+    leases = leases_on(backend, on_demand(size=10))
     gold = BucketPolicy(rate=10, capacity=1_000)
     await admit(backend, leases)
     moved = await admit(backend, leases, bucket=gold)
@@ -163,7 +169,7 @@ async def test_another_tier_renews_the_lease(backend: Backend) -> None:
 
 
 async def test_a_live_bucket_change_through_the_fuse_renews_the_lease(backend: Backend) -> None:
-    leases = leases_on(backend, LeasePolicy(size=10))
+    leases = leases_on(backend, on_demand(size=10))
     await admit(backend, leases)
     if backend.is_async:
         await leases.fuse.aset_bucket("agent", capacity=5)
@@ -177,7 +183,7 @@ async def test_a_live_bucket_change_through_the_fuse_renews_the_lease(backend: B
 async def test_a_refusal_is_answered_locally_within_its_retry_after(
     backend: Backend, clock: Clock
 ) -> None:
-    leases = leases_on(backend, LeasePolicy(size=4), bucket=BucketPolicy(rate=1, capacity=5))
+    leases = leases_on(backend, on_demand(size=4), bucket=BucketPolicy(rate=1, capacity=5))
     allowed = [(await admit(backend, leases)).allowed for _ in range(7)]
     assert allowed == [True] * 5 + [False] * 2
     assert (leases.counts.renewals, leases.counts.refused_locally) == (2, 1)
@@ -187,7 +193,7 @@ async def test_a_refusal_is_answered_locally_within_its_retry_after(
 
 
 async def test_calls_admitted_locally_reach_the_velocity_window(backend: Backend) -> None:
-    leases = leases_on(backend, LeasePolicy(size=10))
+    leases = leases_on(backend, on_demand(size=10))
     for _ in range(6):
         await admit(backend, leases)
     await sweep(backend, leases, everything=True)
@@ -202,7 +208,7 @@ async def test_a_trip_by_locally_admitted_calls_refuses_at_the_next_renewal(
     fuse = Fuse(backend.store, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
     tripped: list[str] = []
     fuse.on_event(lambda event: tripped.append(event.kind))
-    leases = Leases(fuse, LeasePolicy(size=10), clock=backend.clock, background=False)
+    leases = Leases(fuse, on_demand(size=10), clock=backend.clock, background=False)
     decisions = [await admit(backend, leases) for _ in range(12)]
     # The lease admitted 11 calls before the store heard of them; the renewal that records
     # them trips the key (an event) and refuses; the refusal is then answered locally.
@@ -218,8 +224,8 @@ async def test_over_admission_stays_within_the_stated_bound(backend: Backend, cl
     costs at most capacity + rate * T + processes * largest lease. (Without leases, the last
     term is 0; the check below fails if a lease can spend what it was not granted.)"""
     processes = 4 if backend.kind == "memory" else 2  # Redis: the same core, fewer clients
-    bucket = BucketPolicy(rate=50, capacity=20)
-    policy = LeasePolicy(max_size=8, lifetime=0.5)
+    bucket = BUSY
+    policy = LeasePolicy(max_size=8, lifetime=5)  # top-ups too, with the asyncio client
     # A MemoryStore is one table for every "process"; a Redis twin is another client.
     twin = (lambda: None) if backend.kind == "memory" else (lambda: backend.twin().store)
     group = [
@@ -229,21 +235,13 @@ async def test_over_admission_stays_within_the_stated_bound(backend: Backend, cl
     chance = random.Random(processes)
     admitted: list[tuple[float, float]] = []
     for _ in range(1_200):
-        clock.advance(chance.choice([0.0, 0.0005, 0.002, 0.01, 0.05]))
+        clock.advance(pause(chance))
         cost = chance.choice([1.0, 1.0, 2.0])
         if (await admit(backend, chance.choice(group), cost=cost)).allowed:
             admitted.append((clock.now, cost))
         if chance.random() < 0.01:
             await sweep(backend, chance.choice(group))
-    bound = policy.bound(processes)
-    spent = list(itertools.accumulate(cost for _, cost in admitted))
-    worst = 0.0
-    for i, (start, _) in enumerate(admitted):
-        before = spent[i - 1] if i else 0.0
-        for j in range(i, len(admitted)):
-            allowance = bucket.capacity + bucket.rate * (admitted[j][0] - start)
-            worst = max(worst, spent[j] - before - allowance)
-    assert worst <= bound + 1e-6
+    assert worst_excess(admitted, bucket) <= policy.bound(processes) + 1e-6
     assert len(admitted) > 100  # the bucket was spent, not refused throughout
     assert sum(leases.counts.local for leases in group) > 0
 
@@ -255,7 +253,7 @@ async def test_over_admission_stays_within_the_stated_bound(backend: Backend, cl
 async def test_a_failing_store_fails_open_like_the_direct_mode(clock: Clock) -> None:
     backend = Backend("memory", None, False, clock)
     broken = _Broken(MemoryStore(clock=clock))
-    leases = leases_on(backend, LeasePolicy(size=5), store=broken)
+    leases = leases_on(backend, on_demand(size=5), store=broken)
     assert (await admit(backend, leases)).allowed  # a lease of 5 more
     broken.down = True
     local = [await admit(backend, leases) for _ in range(5)]
@@ -274,7 +272,7 @@ async def test_a_failing_store_fails_closed_when_configured(clock: Clock) -> Non
     backend = Backend("memory", None, False, clock)
     broken = _Broken(MemoryStore(clock=clock))
     broken.down = True
-    leases = leases_on(backend, LeasePolicy(size=5), store=broken, fail_closed=True)
+    leases = leases_on(backend, on_demand(size=5), store=broken, fail_closed=True)
     with pytest.raises(StoreUnavailable):
         await admit(backend, leases)
     assert all(slot.renewing is None for slot in leases._slots.values())  # nobody waits on it
@@ -288,6 +286,30 @@ def test_lease_policies_refuse_nonsense() -> None:
             LeasePolicy(**bad)
     assert LeasePolicy().bound(4) == 400
     assert LeasePolicy(size=25).bound(3) == 75
+
+
+#: The bound tests' bucket: refilled in two seconds, while a lease lives five, so that tokens
+#: held through a refill show up as calls beyond capacity + rate * T.
+BUSY = BucketPolicy(rate=20, capacity=40)
+
+
+def pause(chance: random.Random) -> float:
+    """Bursts of calls, now and then an idle spell in which the bucket refills."""
+    if chance.random() < 0.01:
+        return 2.5
+    return chance.choice([0.0, 0.0005, 0.002, 0.01, 0.05])
+
+
+def worst_excess(admitted: list[tuple[float, float]], bucket: BucketPolicy) -> float:
+    """The most that the calls admitted in any interval cost beyond capacity + rate * T."""
+    spent = list(itertools.accumulate(cost for _, cost in admitted))
+    worst = 0.0
+    for i, (start, _) in enumerate(admitted):
+        before = spent[i - 1] if i else 0.0
+        for j in range(i, len(admitted)):
+            allowance = bucket.capacity + bucket.rate * (admitted[j][0] - start)
+            worst = max(worst, spent[j] - before - allowance)
+    return worst
 
 
 class _Broken:
@@ -312,7 +334,7 @@ class _Broken:
 async def test_another_processes_live_change_is_seen_within_a_lifetime(
     backend: Backend, clock: Clock
 ) -> None:
-    leases = leases_on(backend, LeasePolicy(size=10, lifetime=1.0))
+    leases = leases_on(backend, on_demand(size=10, lifetime=1.0))
     view = getattr(backend.store, "open_keys", None)
     if view is not None:  # this process hears no announcement (a subscription lost)
         view.listeners.clear()
@@ -352,7 +374,7 @@ class _Held(MemoryStore):
 
 def test_a_call_waits_for_a_renewal_at_most_wait_then_goes_direct(clock: Clock) -> None:
     store = _Held(clock=clock)
-    leases = Leases(fuse_on(store), LeasePolicy(size=10, wait=0.01), clock=clock, background=False)
+    leases = Leases(fuse_on(store), on_demand(size=10, wait=0.01), clock=clock, background=False)
     renewing = threading.Thread(target=leases.admit, args=("agent",))
     renewing.start()
     assert store.entered.wait(10)
@@ -367,7 +389,7 @@ def test_a_call_waits_for_a_renewal_at_most_wait_then_goes_direct(clock: Clock) 
 
 def test_a_call_that_waited_spends_the_new_lease(clock: Clock) -> None:
     store = _Held(clock=clock)
-    leases = Leases(fuse_on(store), LeasePolicy(size=10, wait=10), clock=clock, background=False)
+    leases = Leases(fuse_on(store), on_demand(size=10, wait=10), clock=clock, background=False)
     renewing = threading.Thread(target=leases.admit, args=("agent",))
     renewing.start()
     assert store.entered.wait(10)
@@ -392,7 +414,7 @@ async def test_concurrent_async_calls_share_one_renewal(clock: Clock) -> None:
             return store.run(op)
 
     fuse = fuse_on(Slow())
-    leases = Leases(fuse, LeasePolicy(size=10, wait=10), clock=clock, background=False)
+    leases = Leases(fuse, on_demand(size=10, wait=10), clock=clock, background=False)
     decisions = await asyncio.gather(*(leases.aadmit("agent") for _ in range(8)))
     assert all(d.allowed for d in decisions)
     assert slow_runs == ["lease"]  # one round trip for eight calls
@@ -401,7 +423,7 @@ async def test_concurrent_async_calls_share_one_renewal(clock: Clock) -> None:
 
 def test_callers_beyond_max_keys_are_decided_directly(clock: Clock) -> None:
     store = MemoryStore(clock=clock)
-    leases = Leases(fuse_on(store), LeasePolicy(size=10, max_keys=2), clock=clock, background=False)
+    leases = Leases(fuse_on(store), on_demand(size=10, max_keys=2), clock=clock, background=False)
     for who in ("a", "b", "c", "c"):
         assert leases.admit(who).allowed
     assert (len(leases._slots), leases.counts.direct) == (2, 2)
@@ -424,7 +446,7 @@ def test_another_processes_change_renews_the_lease_when_announced(
     tight = VelocityPolicy(limit=100, unit="calls", cooldown=30)
     fuse = Fuse(here, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
     other = Fuse(there, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
-    leases = Leases(fuse, LeasePolicy(size=10, lifetime=3_600), clock=clock, background=False)
+    leases = Leases(fuse, on_demand(size=10, lifetime=3_600), clock=clock, background=False)
     try:
         assert here.open_keys is not None and here.open_keys.wait_synced(10)
         assert leases.admit("agent").allowed  # a lease of 10 more, for an hour
@@ -460,9 +482,96 @@ def test_a_trip_recorded_in_this_process_renews_the_lease(clock: Clock) -> None:
     after; a record that trips the key renews the lease, so the next call is refused."""
     tight = VelocityPolicy(limit=1_000, cooldown=30)
     fuse = Fuse(MemoryStore(clock=clock), velocity=tight, bucket=BUCKET, secret=SECRET)
-    leases = Leases(fuse, LeasePolicy(size=10, lifetime=60), clock=clock, background=False)
+    leases = Leases(fuse, on_demand(size=10, lifetime=60), clock=clock, background=False)
     assert leases.admit("agent", amount=0).allowed
     assert fuse.record("agent", 5_000).tripped
     refused = leases.admit("agent", amount=0)
     assert not refused.allowed and refused.error is not None
     assert leases.counts.renewals == 2
+
+
+# -- top-ups: asyncio callers refill a half-spent lease in the background ------------------------
+
+
+async def test_an_asyncio_caller_tops_its_lease_up_off_the_callers_path(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    leases = Leases(fuse_on(store), LeasePolicy(size=10), clock=clock, background=False)
+    for _ in range(7):  # the first takes 1 + 10; six spent leave 4, under half: a top-up
+        assert (await leases.aadmit("agent")).allowed
+    assert len(leases._tasks) == 1  # scheduled; the call did not wait for it
+    await asyncio.gather(*leases._tasks)
+    assert leases.counts.top_ups == 1
+    lease = leases._slots[leases.fuse._key(Identity.of("agent"))].lease
+    assert lease is not None and lease.tokens == 10  # 4 + 6: never more than the size
+    assert store.run(ReadStatus(leases.fuse._key(Identity.of("agent")), CALLS, BUCKET)).rate == 7
+    for _ in range(20):
+        assert (await leases.aadmit("agent")).allowed
+    await asyncio.gather(*leases._tasks)
+    # 27 calls: one renewal on demand, the rest from leases topped up in the background.
+    assert (leases.counts.renewals, leases.counts.local) == (1, 26)
+
+
+async def test_a_top_up_for_a_lease_invalidated_meanwhile_goes_back(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    fuse = fuse_on(store)
+    leases = Leases(fuse, LeasePolicy(size=10), clock=clock, background=False)
+    for _ in range(7):
+        await leases.aadmit("agent")
+    fuse.set_bucket("agent", capacity=200)  # renews the lease at the next call
+    await asyncio.gather(*leases._tasks)
+    assert (leases.counts.returns, leases.counts.returned) == (1, 6)
+    assert fuse.status("agent").bucket_level == 100 - 11 - 6 + 6  # the grant came back
+
+
+async def test_a_top_up_that_finds_the_latch_open_ends_the_lease(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    tight = VelocityPolicy(limit=1_000, cooldown=30)
+    fuse = Fuse(store, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
+    leases = Leases(fuse, LeasePolicy(size=10), clock=clock, background=False)
+    assert (await leases.aadmit("agent", amount=0)).allowed
+    fuse.record("agent", 5_000)  # another path trips the key (count="tokens")
+    for _ in range(6):
+        await leases.aadmit("agent", amount=0)
+    await asyncio.gather(*leases._tasks)
+    assert not (await leases.aadmit("agent", amount=0)).allowed
+
+
+async def test_top_ups_keep_the_bound_with_asyncio_callers(clock: Clock) -> None:
+    """The bound test's random spending, by asyncio callers whose top-ups run between them."""
+    store = MemoryStore(clock=clock)
+    bucket = BUSY
+    policy = LeasePolicy(max_size=8, lifetime=5)
+    group = [
+        Leases(fuse_on(store, bucket=bucket), policy, clock=clock, background=False)
+        for _ in range(4)
+    ]
+    chance = random.Random(7)
+    admitted: list[tuple[float, float]] = []
+    for _ in range(1_500):
+        clock.advance(pause(chance))
+        cost = chance.choice([1.0, 1.0, 2.0])
+        if (await chance.choice(group).aadmit("agent", cost=cost)).allowed:
+            admitted.append((clock.now, cost))
+        if chance.random() < 0.3:
+            await asyncio.sleep(0)  # a top-up in flight gets to land
+    assert sum(leases.counts.top_ups for leases in group) > 10
+    assert worst_excess(admitted, bucket) <= policy.bound(4) + 1e-6
+
+
+def test_a_renewal_abandoned_by_its_event_loop_does_not_block_the_caller(clock: Clock) -> None:
+    """A task renewing a lease whose event loop is closed under it never finishes: after
+    ``ABANDONED`` seconds, another call renews."""
+    from tokenfuse._leases import ABANDONED
+
+    leases = Leases(fuse_on(MemoryStore(clock=clock)), on_demand(size=10, wait=0.0), clock=clock,
+                    background=False)  # fmt: skip
+    loop = asyncio.new_event_loop()
+    leases.admit("agent")
+    slot = leases._slots[leases.fuse._key(Identity.of("agent"))]
+    slot.lease = None
+    slot.renewing, slot.renewing_since = loop.create_future(), clock.now
+    loop.close()
+    assert leases.admit("agent").allowed and leases.counts.direct == 1
+    clock.advance(ABANDONED)
+    assert leases.admit("agent").allowed
+    assert (leases.counts.renewals, leases.counts.direct) == (2, 1)

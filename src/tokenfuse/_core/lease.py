@@ -46,6 +46,7 @@ __all__ = [
     "next_size",
     "settle",
     "spend",
+    "wants_top_up",
 ]
 
 #: The most velocity amounts a lease keeps before it must be renewed: they travel to the
@@ -76,6 +77,9 @@ class LeasePolicy:
         wait: seconds a call waits for another call of the same caller that is renewing the
             lease, before it is decided directly (one ``Admit``) instead.
         max_keys: leases held at once per process; the callers beyond are decided directly.
+        top_up: asyncio callers only: once half a lease is spent, top it up in the background
+            (one ``Lease`` round trip off the callers' path), so that a busy caller's calls
+            rarely wait for a renewal. Sync callers renew when the lease runs out.
 
     >>> LeasePolicy(size=20).largest
     20.0
@@ -87,6 +91,7 @@ class LeasePolicy:
     lifetime: float
     wait: float
     max_keys: int
+    top_up: bool
 
     def __init__(
         self,
@@ -97,6 +102,7 @@ class LeasePolicy:
         lifetime: float = 1.0,
         wait: float = 0.05,
         max_keys: int = 10_000,
+        top_up: bool = True,
     ) -> None:
         put = object.__setattr__
         put(self, "size", None if size is None else _positive(size, "lease size"))
@@ -107,6 +113,7 @@ class LeasePolicy:
         if not (isinstance(max_keys, int) and max_keys >= 1):
             raise ConfigurationError(f"lease max_keys must be at least 1, not {max_keys!r}")
         put(self, "max_keys", max_keys)
+        put(self, "top_up", bool(top_up))
 
     @property
     def largest(self) -> float:
@@ -132,6 +139,7 @@ class LocalLease:
     size: float  # what it asked for beyond its first call's cost
     spent: float = 0.0  # cost admitted from it since it was taken
     pending: list[float] = field(default_factory=list)  # velocity amounts not yet recorded
+    topped: bool = False  # a top-up was asked for (at most one per lease)
 
 
 def spend(lease: LocalLease, cost: float, amount: float, now: float) -> bool:
@@ -146,6 +154,13 @@ def spend(lease: LocalLease, cost: float, amount: float, now: float) -> bool:
     lease.tokens = max(lease.tokens - cost, 0.0)
     lease.spent += cost
     return True
+
+
+def wants_top_up(lease: LocalLease) -> bool:
+    """Whether to top the lease up in the background now (asyncio callers): half of it is
+    spent and it has not been topped up yet. A top-up asks for ``next_size`` minus what the
+    lease still holds, so a process never holds more than ``LeasePolicy.largest``."""
+    return not lease.topped and lease.tokens < lease.size / 2
 
 
 def next_size(lease: LocalLease | None, policy: LeasePolicy, now: float) -> float:
