@@ -11,7 +11,7 @@ it in front of the middleware's fuse). The policy is ``_core/lease.py``'s, the s
   this call exactly as ``Admit`` would and takes the next lease. Calls of the same caller that
   arrive meanwhile wait for it, at most ``LeasePolicy.wait``, then are decided directly (one
   ``Admit`` each): a renewal never holds a call longer than that.
-* **Top-ups** (asyncio callers, ``LeasePolicy.top_up``): once half a lease is spent, a task
+* **Top-ups** (asyncio callers, ``LeasePolicy.top_up``): once 3/4 of a lease is spent, a task
   tops it up off the callers' path, so a busy caller rarely meets an empty lease.
 * **A refusal** learned from the store (an empty bucket, an open latch) is answered here until
   its ``retry_after`` runs out, at most ``lifetime``: a refused caller hammering its limit costs

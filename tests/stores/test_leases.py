@@ -496,31 +496,31 @@ def test_a_trip_recorded_in_this_process_renews_the_lease(clock: Clock) -> None:
 async def test_an_asyncio_caller_tops_its_lease_up_off_the_callers_path(clock: Clock) -> None:
     store = MemoryStore(clock=clock)
     leases = Leases(fuse_on(store), LeasePolicy(size=10), clock=clock, background=False)
-    for _ in range(7):  # the first takes 1 + 10; six spent leave 4, under half: a top-up
+    for _ in range(9):  # the first takes 1 + 10; eight spent leave 2, under a quarter
         assert (await leases.aadmit("agent")).allowed
     assert len(leases._tasks) == 1  # scheduled; the call did not wait for it
     await asyncio.gather(*leases._tasks)
     assert leases.counts.top_ups == 1
     lease = leases._slots[leases.fuse._key(Identity.of("agent"))].lease
-    assert lease is not None and lease.tokens == 10  # 4 + 6: never more than the size
-    assert store.run(ReadStatus(leases.fuse._key(Identity.of("agent")), CALLS, BUCKET)).rate == 7
+    assert lease is not None and lease.tokens == 10  # 2 + 8: never more than the size
+    assert store.run(ReadStatus(leases.fuse._key(Identity.of("agent")), CALLS, BUCKET)).rate == 9
     for _ in range(20):
         assert (await leases.aadmit("agent")).allowed
     await asyncio.gather(*leases._tasks)
-    # 27 calls: one renewal on demand, the rest from leases topped up in the background.
-    assert (leases.counts.renewals, leases.counts.local) == (1, 26)
+    # 29 calls: one renewal on demand, the rest from leases topped up in the background.
+    assert (leases.counts.renewals, leases.counts.local) == (1, 28)
 
 
 async def test_a_top_up_for_a_lease_invalidated_meanwhile_goes_back(clock: Clock) -> None:
     store = MemoryStore(clock=clock)
     fuse = fuse_on(store)
     leases = Leases(fuse, LeasePolicy(size=10), clock=clock, background=False)
-    for _ in range(7):
+    for _ in range(9):
         await leases.aadmit("agent")
     fuse.set_bucket("agent", capacity=200)  # renews the lease at the next call
     await asyncio.gather(*leases._tasks)
-    assert (leases.counts.returns, leases.counts.returned) == (1, 6)
-    assert fuse.status("agent").bucket_level == 100 - 11 - 6 + 6  # the grant came back
+    assert (leases.counts.returns, leases.counts.returned) == (1, 8)
+    assert fuse.status("agent").bucket_level == 100 - 11 - 8 + 8  # the grant came back
 
 
 async def test_a_top_up_that_finds_the_latch_open_ends_the_lease(clock: Clock) -> None:
@@ -529,11 +529,14 @@ async def test_a_top_up_that_finds_the_latch_open_ends_the_lease(clock: Clock) -
     fuse = Fuse(store, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
     leases = Leases(fuse, LeasePolicy(size=10), clock=clock, background=False)
     assert (await leases.aadmit("agent", amount=0)).allowed
-    fuse.record("agent", 5_000)  # another path trips the key (count="tokens")
-    for _ in range(6):
-        await leases.aadmit("agent", amount=0)
+    other = Fuse(store, name="in", velocity=tight, bucket=BUCKET, secret=SECRET)
+    assert other.record("agent", 5_000).tripped  # another process, unheard of here
+    for _ in range(8):  # still from the lease, until the top-up learns of the trip
+        assert (await leases.aadmit("agent", amount=0)).allowed
     await asyncio.gather(*leases._tasks)
-    assert not (await leases.aadmit("agent", amount=0)).allowed
+    refused = await leases.aadmit("agent", amount=0)
+    assert not refused.allowed and refused.error is not None
+    assert (leases.counts.top_ups, leases.counts.renewals) == (1, 1)  # refused from the top-up
 
 
 async def test_top_ups_keep_the_bound_with_asyncio_callers(clock: Clock) -> None:

@@ -77,7 +77,8 @@ class LeasePolicy:
         wait: seconds a call waits for another call of the same caller that is renewing the
             lease, before it is decided directly (one ``Admit``) instead.
         max_keys: leases held at once per process; the callers beyond are decided directly.
-        top_up: asyncio callers only: once half a lease is spent, top it up in the background
+        top_up: asyncio callers only: once three quarters of a lease are spent, top it up in
+            the background
             (one ``Lease`` round trip off the callers' path), so that a busy caller's calls
             rarely wait for a renewal. Sync callers renew when the lease runs out.
 
@@ -157,10 +158,10 @@ def spend(lease: LocalLease, cost: float, amount: float, now: float) -> bool:
 
 
 def wants_top_up(lease: LocalLease) -> bool:
-    """Whether to top the lease up in the background now (asyncio callers): half of it is
-    spent and it has not been topped up yet. A top-up asks for ``next_size`` minus what the
-    lease still holds, so a process never holds more than ``LeasePolicy.largest``."""
-    return not lease.topped and lease.tokens < lease.size / 2
+    """Whether to top the lease up in the background now (asyncio callers): three quarters
+    of it are spent and it has not been topped up yet. A top-up asks for ``next_size`` minus
+    what the lease still holds, so a process never holds more than ``LeasePolicy.largest``."""
+    return not lease.topped and lease.tokens < lease.size / 4
 
 
 def next_size(lease: LocalLease | None, policy: LeasePolicy, now: float) -> float:
