@@ -18,8 +18,8 @@ it in front of the middleware's fuse). The policy is ``_core/lease.py``'s, the s
   no round trip per call either.
 * **A lease that expires** unused is given back by a sweeper (a daemon thread, or a task with
   an asyncio-only store) every half ``lifetime``; ``close()`` / ``aclose()`` give every lease
-  back (the middleware does not know when a process ends: call it at shutdown; an ``atexit``
-  hook does it for a store with a sync face).
+  back: ``TokenFuse`` calls it at the ASGI lifespan's shutdown, and an ``atexit`` hook at the
+  process's exit for a store with a sync face (``TokenFuseWSGI``).
 * **The store failing** is the direct mode's failure exactly: a renewal that fails goes through
   ``Fuse``'s handling (fail open, or closed if so configured; counted in ``fuse.health``,
   logged, an event). A lease already held is spent as usual: its tokens were granted.

@@ -92,3 +92,39 @@ def test_top_ups_give_the_same_answers(serve: Callable[..., Call], clock: Clock)
     assert store.ran["admit"] == 0
     assert store.ran["lease"] <= 12
     assert fuse.status(Identity.secret(AUTH["Authorization"].split()[1])).rate == 50
+
+
+async def test_leases_go_back_at_lifespan_shutdown_before_the_app_closes_its_store(
+    clock: Clock,
+) -> None:
+    store = CountingStore(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    seen_at_shutdown: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert scope["type"] == "lifespan"
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                seen_at_shutdown.append(store.ran["return_lease"])  # the app would close it now
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+            await send({"type": "lifespan.startup.complete"})
+
+    middleware = TokenFuse(app, fuse=fuse, lease=LeasePolicy(size=10))
+    leases = middleware.guard.leases
+    assert leases is not None
+    await leases.aadmit(Identity.named("agent"))
+    incoming = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return incoming.pop(0)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await middleware({"type": "lifespan"}, receive, send)
+    assert seen_at_shutdown == [1]  # given back before the app heard of the shutdown
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert fuse.status("agent").bucket_level == 49
