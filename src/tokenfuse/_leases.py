@@ -545,8 +545,9 @@ class Leases:
         if self._stop.is_set() or not self._background:
             return
         with self._lock:  # renewals only: rare enough for the lock
-            if self._sweeper is not None:
-                return
+            sweeper = self._sweeper
+            if sweeper is not None and not (isinstance(sweeper, asyncio.Task) and sweeper.done()):
+                return  # running (a task ends with its event loop: then another starts)
             if self.fuse.has_sync:
                 self._sweeper = threading.Thread(
                     target=_sweep_thread,

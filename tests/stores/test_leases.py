@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import random
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -578,3 +579,30 @@ def test_a_renewal_abandoned_by_its_event_loop_does_not_block_the_caller(clock: 
     clock.advance(ABANDONED)
     assert leases.admit("agent").allowed
     assert (leases.counts.renewals, leases.counts.direct) == (2, 1)
+
+
+# -- the sweeper: expired leases go back with nobody calling ----------------------------------
+
+
+async def test_the_sweeper_gives_expired_leases_back(backend: Backend, clock: Clock) -> None:
+    """A thread (a store with a sync face) or a task (asyncio-only) wakes every half lifetime
+    (10 ms here, real time) and gives back what expired on the lease clock."""
+    fuse = fuse_on(backend.store)
+    leases = Leases(fuse, on_demand(size=10, lifetime=0.02), clock=clock)
+    try:
+        await admit(backend, leases)
+        clock.advance(0.02)  # expired on the lease clock; the sweeper's next wake returns it
+        for _ in range(500):  # waiting for the background sweeper, at most 5 s
+            if leases.counts.returns:
+                break
+            if backend.is_async:
+                await asyncio.sleep(0.01)
+            else:
+                time.sleep(0.01)
+        assert (leases.counts.returns, leases.counts.returned) == (1, 10)
+        assert await level(backend, fuse) == pytest.approx(100 - 1 + 10 * 0.02)  # and refilled
+    finally:
+        if backend.is_async:
+            await leases.aclose()
+        else:
+            leases.close()
