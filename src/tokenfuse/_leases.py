@@ -57,6 +57,7 @@ from ._core.lease import (
     wants_top_up,
 )
 from ._core.velocity import VelocityVerdict
+from ._errors import StoreUnavailable
 from ._events import FuseEvent, logger
 from ._fuse import Decision, Fuse, Who, _admission_numbers
 from ._identity import Identity
@@ -198,7 +199,6 @@ class Leases:
         if step[0] == _RENEW:
             self._start_sweeper(sync=True)
             return self._renew(key, step[1], step[2])
-        self.counts.direct += 1
         return self.fuse.admit(identity, cost=cost, amount=amount, bucket=bucket)
 
     async def aadmit(
@@ -236,7 +236,6 @@ class Leases:
         if step[0] == _RENEW:
             self._start_sweeper(sync=False)
             return await self._arenew(key, step[1], step[2])
-        self.counts.direct += 1
         return await self.fuse.aadmit(identity, cost=cost, amount=amount, bucket=bucket)
 
     def _observed(self, op: Admit, decision: Decision, started: float) -> None:
@@ -267,6 +266,7 @@ class Leases:
             slot = self._slots.get(key)
             if slot is None:
                 if len(self._slots) >= self.policy.max_keys:
+                    self.counts.direct += 1
                     return (_DIRECT,)
                 slot = self._slots[key] = _Slot(identity, self.fuse._id(identity))
             lease = slot.lease
@@ -281,19 +281,24 @@ class Leases:
                 ):
                     slot.renewing = asyncio.get_running_loop().create_future()
                     slot.renewing_since = now
+                    self.counts.top_ups += 1
                     return (_TOP_UP, decision, slot, self._top_up_op(key, lease, now))
                 return decision
             if slot.refusal is not None and now < slot.refused_until:
                 self.counts.refused_locally += 1
                 return slot.refusal
             if slot.renewing is not None and now - slot.renewing_since < ABANDONED:
-                return (_WAIT, slot.renewing) if wait and _ours(slot.renewing) else (_DIRECT,)
+                if wait and _ours(slot.renewing):
+                    return (_WAIT, slot.renewing)
+                self.counts.direct += 1
+                return (_DIRECT,)
             # No renewal in flight (or one whose event loop went away without finishing it).
             slot.renewing_since = now
             slot.renewing = (
                 asyncio.get_running_loop().create_future() if asynchronous else threading.Event()
             )
             op = self._lease_op(key, slot, policy, cost, amount, now)
+            self.counts.renewals += 1
             return (_RENEW, slot, op)
 
     def _lease_op(
@@ -328,7 +333,6 @@ class Leases:
     # -- renewing: one Lease round trip through Fuse's decision and failure handling -------------
 
     def _renew(self, key: str, slot: _Slot, op: Lease) -> Decision:
-        self.counts.renewals += 1
         started = self._clock()
         installed: list[bool] = []
         try:
@@ -339,7 +343,6 @@ class Leases:
             self._renewed(slot, op, installed)
 
     async def _arenew(self, key: str, slot: _Slot, op: Lease) -> Decision:
-        self.counts.renewals += 1
         started = self._clock()
         installed: list[bool] = []
         try:
@@ -383,22 +386,25 @@ class Leases:
     async def _top_up(self, slot: _Slot, op: Lease) -> None:
         """Top the caller's lease up off the callers' path (asyncio). A failure is the fuse's
         (counted, logged, an event); the lease then runs out and is renewed on demand."""
-        self.counts.top_ups += 1
         installed: list[bool] = []
         give_back: list[float] = []
+        topper = self._topper(slot, op, installed, give_back)
         try:
-            await self.fuse._adecide(
-                slot.identity, op, self._topper(slot, op, installed, give_back)
-            )
-            store = self.fuse._async_store
-            if give_back and store is not None:  # the lease was renewed or invalidated meanwhile
-                await store.arun(ReturnLease(op.key, give_back[0], (), op.velocity, op.bucket))
-                self.counts.returns += 1
-                self.counts.returned += give_back[0]
-        except Exception as exc:  # fail_closed raises: a background task has nobody to tell
-            self._lost(exc)
+            await self.fuse._adecide(slot.identity, op, topper)
+        except StoreUnavailable:
+            pass  # failing closed: the fuse has counted and reported it; nobody to raise to
+        except Exception:
+            logger.exception("tokenfuse: a lease top-up failed")
         finally:
             self._renewed(slot, op, installed)
+        store = self.fuse._async_store
+        if give_back and store is not None:  # the lease was invalidated meanwhile
+            try:
+                tripped = await store.arun(ReturnLease(op.key, give_back[0], (), None, op.bucket))
+            except Exception as exc:
+                self._lost(exc)
+                return
+            self._returned(slot, op.key, give_back[0], tripped)
 
     def _topper(
         self, slot: _Slot, op: Lease, installed: list[bool], give_back: list[float]
@@ -491,7 +497,7 @@ class Leases:
             except Exception as exc:
                 self._lost(exc)
                 continue
-            returned += self._returned(slot, op, tripped)
+            returned += self._returned(slot, op.key, op.give_back, tripped)
         return returned
 
     async def asweep(self, *, everything: bool = False) -> int:
@@ -506,18 +512,22 @@ class Leases:
             except Exception as exc:
                 self._lost(exc)
                 continue
-            returned += self._returned(slot, op, tripped)
+            returned += self._returned(slot, op.key, op.give_back, tripped)
         return returned
 
-    def _returned(self, slot: _Slot, op: ReturnLease, tripped: VelocityVerdict | None) -> int:
-        self.counts.returns += 1
-        self.counts.returned += op.give_back
+    def _returned(
+        self, slot: _Slot, key: str, tokens: float, tripped: VelocityVerdict | None
+    ) -> int:
+        with self._lock:
+            self.counts.returns += 1
+            self.counts.returned += tokens
         if tripped is not None:
             self.fuse._velocity_decision(slot.identity, tripped)  # the trip's event
         return 1
 
     def _lost(self, exc: Exception) -> None:
-        self.counts.lost += 1
+        with self._lock:
+            self.counts.lost += 1
         if self._log.take() is not None:
             logger.warning(
                 "tokenfuse: a lease was not given back (store unavailable: %s): its unspent "

@@ -606,3 +606,24 @@ async def test_the_sweeper_gives_expired_leases_back(backend: Backend, clock: Cl
             await leases.aclose()
         else:
             leases.close()
+
+
+@pytest.mark.parametrize("fail_closed", [False, True])
+async def test_a_top_up_that_fails_is_counted_and_the_lease_runs_on(
+    clock: Clock, fail_closed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = _Broken(MemoryStore(clock=clock))
+    fuse = fuse_on(broken, fail_closed=fail_closed)
+    leases = Leases(fuse, LeasePolicy(size=10), clock=clock, background=False)
+    assert (await leases.aadmit("agent")).allowed
+    broken.down = True
+    for _ in range(8):  # the eighth leaves 2 of 10: a top-up, which fails in the background
+        assert (await leases.aadmit("agent")).allowed
+    await asyncio.gather(*leases._tasks)  # nothing escapes the task
+    assert fuse.health.counts.failed == 1
+    assert "store_unavailable" in caplog.text
+    assert [(await leases.aadmit("agent")).allowed for _ in range(2)] == [True, True]
+    broken.down = False
+    assert not (await leases.aadmit("agent")).degraded  # spent: renewed on demand
+    # The amounts the failed top-up carried were kept: every call reached the window.
+    assert fuse.status("agent").rate == 12
