@@ -164,6 +164,27 @@ def test_inbound_quota_refusals_and_a_near_limit_episode(scrape: Scrape, clock: 
     assert scrape.value("tokenfuse_near_limit_episodes_total", fuse="inbound") == 1
 
 
+def test_lease_mode_counts_every_decision_once(scrape: Scrape, clock: Clock) -> None:
+    """Calls decided from a lease count as the admits they stand for, renewals as leases:
+    the same totals as the direct mode."""
+    from tokenfuse._core.lease import LeasePolicy
+    from tokenfuse._leases import Leases
+
+    fuse = Fuse(MemoryStore(clock=clock), name="inbound", bucket=BucketPolicy(rate=1, capacity=5))
+    leases = Leases(fuse, LeasePolicy(size=2), clock=clock, background=False)
+    assert [leases.admit("caller-1").allowed for _ in range(8)] == [True] * 5 + [False] * 3
+    inbound = {"layer": "inbound", "fuse": "inbound"}
+
+    def decisions(operation: str, outcome: str) -> float:
+        return scrape.value(
+            "tokenfuse_decisions_total", operation=operation, outcome=outcome, **inbound
+        )
+
+    assert (decisions("lease", "allowed"), decisions("admit", "allowed")) == (2, 3)
+    assert (decisions("lease", "refused"), decisions("admit", "refused")) == (1, 2)
+    assert scrape.value("tokenfuse_refusals_total", reason="quota_exhausted", **inbound) == 3
+
+
 class FailingStore:
     def run(self, op: object) -> object:
         raise StoreUnavailable("down")

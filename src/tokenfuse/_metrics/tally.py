@@ -56,10 +56,13 @@ class KeySeen:
     seen: float  # time.monotonic() of that decision
 
 
+_INBOUND = frozenset({"admit", "lease"})  # lease: the middleware's lease mode renewing
+
+
 def _layer(fuse: Fuse, op_name: str) -> str:
     # The middleware decides with admit; its fuses have a bucket, even for the tokens a
     # handler reports later (record). The transport gates and records on bucketless fuses.
-    return "inbound" if op_name == "admit" or fuse.bucket is not None else "outbound"
+    return "inbound" if op_name in _INBOUND or fuse.bucket is not None else "outbound"
 
 
 class _Series:

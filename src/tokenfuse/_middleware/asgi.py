@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .._errors import StoreUnavailable
+from .._leases import Leases
 from .guard import Outcome
 from .mcp.mode import McpMode
 from .reply import Headers, Reply, unavailable
@@ -33,6 +34,19 @@ def _encode(headers: Headers) -> list[tuple[bytes, bytes]]:
     ]
 
 
+def _giving_leases_back(receive: Receive, leases: Leases) -> Receive:
+    """``receive`` for the lifespan: at shutdown, give every lease back first, while the
+    app's store is still open (its own shutdown handlers may close it)."""
+
+    async def receive_and_give_back() -> Message:
+        message = await receive()
+        if message.get("type") == "lifespan.shutdown":
+            await leases.aclose()
+        return message
+
+    return receive_and_give_back
+
+
 async def _send_reply(send: Send, reply: Reply) -> None:
     headers = _encode(reply.headers)
     if not any(name == b"content-length" for name, _ in headers):
@@ -53,8 +67,10 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
     ... )
 
     The keyword options (``fuse``, ``identify``, ``anonymous``, ``cost``, ``tiers``, ``count``,
-    ``exclude``, ``shadow``, ``refusal``, ``policy_name``, ``tokens_header``, ``mcp``) are
-    described in ``InboundOptions``; the fuse's store needs an async face.
+    ``exclude``, ``shadow``, ``refusal``, ``policy_name``, ``tokens_header``, ``mcp``,
+    ``lease``) are described in ``InboundOptions``; the fuse's store needs an async face.
+    With ``lease``, the leases go back to the store when the server shuts the app down (ASGI
+    lifespan), before the app's own shutdown handlers run.
     """
 
     face = "async"
@@ -73,6 +89,9 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._mcp is not None and scope["type"] == "http":
             await self._mcp(scope, receive, send, self.app)
+            return
+        if scope["type"] == "lifespan" and self.guard.leases is not None:
+            await self.app(scope, _giving_leases_back(receive, self.guard.leases), send)
             return
         request = AsgiRequest(scope)
         plan = self.guard.plan(request) if scope["type"] == "http" else None

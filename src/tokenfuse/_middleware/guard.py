@@ -13,9 +13,11 @@ import logging
 from dataclasses import dataclass
 
 from .._core.bucket import BucketPolicy
+from .._core.lease import LeasePolicy
 from .._errors import ConfigurationError, FuseTripped, StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
+from .._leases import Leases
 from .._settings import current as current_settings
 from .._throttle import Throttle
 from .clients import ClientAddress
@@ -40,14 +42,15 @@ class Plan:
     bucket: BucketPolicy | None  # the caller's tier, None for the fuse's own bucket
     cost: float
     amount: float  # recorded into the velocity window at admission (0 with count="tokens")
+    leases: Leases | None = None  # admit from leases (``lease=True``), else from the fuse
 
     def admit(self) -> Decision:
-        return self.fuse.admit(
-            self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        admitter = self.leases or self.fuse
+        return admitter.admit(self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket)
 
     async def aadmit(self) -> Decision:
-        return await self.fuse.aadmit(
+        admitter = self.leases or self.fuse
+        return await admitter.aadmit(
             self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
         )
 
@@ -92,6 +95,11 @@ class InboundGuard:
         self._tier_of = tiers_rule(options.tiers)
         self._client = ClientAddress(options.trusted_proxies)
         self._shadow_log = Throttle(1.0)
+        #: The leases calls are admitted from (``lease=True``), or None: each call asks the store.
+        self.leases: Leases | None = None
+        if options.lease:
+            lease = options.lease if isinstance(options.lease, LeasePolicy) else LeasePolicy()
+            self.leases = Leases(self.fuse, lease)
 
     # -- per request -------------------------------------------------------------------------
 
@@ -104,7 +112,7 @@ class InboundGuard:
             return None
         amount = 1.0 if self.count == "calls" else 0.0
         tier = self._tier_of(request, identity)
-        return Plan(self.fuse, identity, tier, self._cost_of(request), amount)
+        return Plan(self.fuse, identity, tier, self._cost_of(request), amount, self.leases)
 
     def settle(self, plan: Plan, decision: Decision, request: RequestView) -> Outcome:
         """Headers for an allowed call, or the refusal (none of either when failing open).

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal, ParamSpec, TypeVar
 
 from .._core.bucket import BucketPolicy
+from .._core.lease import LeasePolicy
 from .._errors import ConfigurationError, FuseTripped
 from .._fuse import Fuse
 from .._identity import Identity
@@ -93,6 +94,11 @@ class InboundOptions:
         mcp: ``True`` (or an ``McpMode``) in front of an MCP server (ASGI only): charge
             ``tools/call`` by tool name (``cost={"refund": 5}``), never the protocol's own
             messages, and refuse in MCP's shape (``docs/mcp.md``).
+        lease: ``True`` (or a ``LeasePolicy``) to admit a caller's calls from a slice of its
+            bucket this process leases from the store, one round trip per lease instead of
+            per call; for callers above ~500 calls/s on a shared store. The bucket may then
+            admit up to ``processes * LeasePolicy.largest`` more in any interval
+            (``docs/design.md#leases``). Off by default.
     """
 
     fuse: Fuse | None = None
@@ -108,9 +114,12 @@ class InboundOptions:
     policy_name: str = "default"
     tokens_header: str = TOKENS_HEADER
     mcp: bool | McpMode = False
+    lease: bool | LeasePolicy = False
 
     def __post_init__(self) -> None:
         McpMode.of(self.mcp)  # refuses anything but a bool or an McpMode
+        if not isinstance(self.lease, (bool, LeasePolicy)):
+            raise ConfigurationError(f"lease must be a bool or a LeasePolicy, not {self.lease!r}")
         if self.anonymous not in ("shared", "client", "allow"):
             raise ConfigurationError(
                 f"anonymous must be 'shared', 'client' or 'allow', not {self.anonymous!r}"

@@ -14,6 +14,7 @@ from .._core import bucket as _bucket
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
 from .._core.bucket import BucketPolicy, BucketState
+from .._core.lease import LeaseVerdict, grant, settle
 from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
@@ -25,6 +26,7 @@ from .ops import (
     Forgive,
     Gate,
     KeyPage,
+    Lease,
     ListKeys,
     Op,
     ReadState,
@@ -32,6 +34,7 @@ from .ops import (
     Record,
     RecordBatch,
     Reset,
+    ReturnLease,
     StoredState,
     Unset,
 )
@@ -222,6 +225,45 @@ class MemoryStore:
             bucket=op.bucket,
         )
 
+    def _leased(self, op: Lease | ReturnLease, now: float) -> _Entry:
+        """The key's entry with the states the lease operation works on (``_admit``'s)."""
+        entry = self._entry(op.key, now)
+        records = op.pending or (type(op) is Lease and op.amount > 0)
+        if op.velocity is not None and entry.velocity is None and records:
+            entry.velocity = _velocity.new_state(now)
+        if op.bucket is not None:
+            entry.bucket_policy = op.bucket
+            if entry.bucket is None:
+                entry.bucket = _bucket.new_state(now, op.bucket)
+        return entry
+
+    def _lease(self, op: Lease, now: float) -> LeaseVerdict:
+        entry = self._leased(op, now)
+        return grant(
+            entry.velocity,
+            entry.bucket,
+            cost=op.cost,
+            amount=op.amount,
+            want=op.want,
+            give_back=op.give_back,
+            pending=op.pending,
+            now=now,
+            velocity=op.velocity,
+            bucket=op.bucket,
+        )
+
+    def _return_lease(self, op: ReturnLease, now: float) -> VelocityVerdict | None:
+        entry = self._leased(op, now)
+        return settle(
+            entry.velocity,
+            entry.bucket,
+            give_back=op.give_back,
+            pending=op.pending,
+            now=now,
+            velocity=op.velocity,
+            bucket=op.bucket,
+        )
+
     def _peek(self, key: str, now: float) -> _Entry:
         """The key's entry, or an empty one; read only: neither touched nor moved."""
         entry = self._entries.get(key)
@@ -281,6 +323,8 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     Record: MemoryStore._record,
     RecordBatch: MemoryStore._record_batch,
     Admit: MemoryStore._admit,
+    Lease: MemoryStore._lease,
+    ReturnLease: MemoryStore._return_lease,
     ReadStatus: MemoryStore._status,
     ListKeys: MemoryStore._list,
     Reset: MemoryStore._reset,

@@ -19,6 +19,7 @@ from typing import ClassVar, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState
+from .._core.lease import LeaseVerdict
 from .._core.status import Status
 from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
 
@@ -29,6 +30,7 @@ __all__ = [
     "Forgive",
     "Gate",
     "KeyPage",
+    "Lease",
     "ListKeys",
     "Op",
     "ReadState",
@@ -36,6 +38,7 @@ __all__ = [
     "Record",
     "RecordBatch",
     "Reset",
+    "ReturnLease",
     "StoredState",
     "Unset",
 ]
@@ -112,6 +115,37 @@ class Admit(Op[AdmitVerdict]):
     key: str
     cost: float
     amount: float
+    velocity: VelocityPolicy | None
+    bucket: BucketPolicy | None
+
+
+@dataclass(slots=True)
+class Lease(Op[LeaseVerdict]):
+    """Renew a process's lease of the key's bucket: give back its ``give_back`` unspent
+    tokens and record the velocity amounts of the calls it admitted (``pending``, in order),
+    then decide this call as ``Admit`` does and, if allowed, take up to ``want`` more tokens
+    for the new lease (``lease.grant``)."""
+
+    name: ClassVar[str] = "lease"
+    key: str
+    cost: float
+    amount: float
+    want: float
+    give_back: float
+    pending: tuple[float, ...]
+    velocity: VelocityPolicy | None
+    bucket: BucketPolicy | None
+
+
+@dataclass(slots=True)
+class ReturnLease(Op[VelocityVerdict | None]):
+    """Close a lease: give back its unspent tokens and record the velocity amounts of the
+    calls it admitted; the first trip among them, or None (``lease.settle``)."""
+
+    name: ClassVar[str] = "return_lease"
+    key: str
+    give_back: float
+    pending: tuple[float, ...]
     velocity: VelocityPolicy | None
     bucket: BucketPolicy | None
 

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
+from .._core.lease import LeaseVerdict
 from .._core.status import Status, status_of
 from .._core.velocity import (
     LONG_SLOTS,
@@ -31,12 +32,14 @@ from .ops import (
     Configure,
     Forgive,
     Gate,
+    Lease,
     Op,
     ReadState,
     ReadStatus,
     Record,
     RecordBatch,
     Reset,
+    ReturnLease,
     StoredState,
     Unset,
 )
@@ -216,6 +219,17 @@ def _admit_args(op: Admit, now: str, ttl: str) -> Args:
     return (now, ttl, _number(op.cost), _number(op.amount), velocity, bucket)
 
 
+def _lease_args(op: Lease, now: str, ttl: str) -> Args:
+    velocity, bucket = _velocity_policy(op.velocity), _bucket_policy(op.bucket)
+    numbers = (_number(op.cost), _number(op.amount), _number(op.want), _number(op.give_back))
+    return (now, ttl, *numbers, velocity, bucket, *map(_number, op.pending))
+
+
+def _return_lease_args(op: ReturnLease, now: str, ttl: str) -> Args:
+    velocity, bucket = _velocity_policy(op.velocity), _bucket_policy(op.bucket)
+    return (now, ttl, _number(op.give_back), velocity, bucket, *map(_number, op.pending))
+
+
 def _ttl_only(op: Reset | Forgive, now: str, ttl: str) -> Args:
     return (ttl,)
 
@@ -277,6 +291,22 @@ def _admit_verdict(op: Admit, reply: bytes | str) -> AdmitVerdict:
     )
 
 
+def _lease_verdict(op: Lease, reply: bytes | str) -> LeaseVerdict:
+    fields = reply.split()
+    verdict = AdmitVerdict(
+        allowed=int(fields[0]) == 1,
+        velocity=None if int(fields[1]) < 0 else _velocity_fields(fields[1:10]),
+        bucket=None if int(fields[10]) < 0 else _bucket_fields(fields[10:16]),
+    )
+    tripped = None if int(fields[17]) < 0 else _velocity_fields(fields[17:26])
+    return LeaseVerdict(verdict, float(fields[16]), tripped)
+
+
+def _first_trip(op: ReturnLease, reply: bytes | str) -> VelocityVerdict | None:
+    fields = reply.split()
+    return None if int(fields[0]) < 0 else _velocity_fields(fields)
+
+
 def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> StoredState:
     """``status.lua``'s reply: the key's raw state, as the core's state objects."""
     numbers = [float(text) for text in reply[1].split()]
@@ -319,6 +349,8 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     Record: Codec(_record_args, _velocity_verdict),
     RecordBatch: Codec(_record_batch_args, _velocity_verdict),
     Admit: Codec(_admit_args, _admit_verdict),
+    Lease: Codec(_lease_args, _lease_verdict),
+    ReturnLease: Codec(_return_lease_args, _first_trip),
     ReadStatus: Codec(_now_only, _status),
     ReadState: Codec(_now_only, _key_state),
     Reset: Codec(_ttl_only, _nothing),

@@ -626,6 +626,25 @@ local function consume(b, cost, now, p)
   return 1, string.format('1 %.17g %.17g %.17g 0 %d', b.tokens, capacity, rate, near_limit)
 end
 
+-- Leases (bucket.take_more, bucket.give_back): tokens taken ahead of the calls that spend them.
+local function take_more(b, want, now, p)
+  local taken = math.min(want, b.tokens)
+  if taken <= 0.0 then return 0.0 end
+  b.tokens = math.max(b.tokens - taken, 0.0)
+  b.use_amount = b.use_amount + taken
+  return taken
+end
+
+local function give_back(b, tokens, now, p)
+  local capacity, rate = limits_of(b, p)
+  local current = level(b, now, capacity, rate)
+  b.updated = math.max(now, b.updated)
+  b.tokens = math.min(capacity, current + tokens)
+  if b.use_minute == math.floor(now / MINUTE) then
+    b.use_amount = math.max(b.use_amount - tokens, 0.0)
+  end
+end
+
 -- ---------------------------------------------------------------------------------------------
 -- Admission (admission.py): latch, then bucket, then velocity.
 -- Returns allowed (0/1) and the two verdicts' text, nil where the Python verdict is None.
@@ -647,6 +666,20 @@ local function admit(v, b, cost, amount, now, vp, bp)
     return ok, latch, taken
   end
   return 1, latch, taken
+end
+
+-- lease.settle: give back a lease's unspent tokens, then record the amounts of the calls it
+-- admitted (ARGV[first..], in order). Returns the first trip's verdict text, or nil.
+local function settle(v, b, give, first, now, vp, bp)
+  if bp ~= nil and b ~= nil and give > 0.0 then give_back(b, give, now, bp) end
+  local tripped = nil
+  if vp ~= nil and v ~= nil then
+    for i = first, #ARGV do
+      local _, text = record(v, tonumber(ARGV[i]), now, vp)
+      if tripped == nil and string.sub(text, 1, 3) == '0 1' then tripped = text end
+    end
+  end
+  return tripped
 end
 
 -- ---------------------------------------------------------------------------------------------
