@@ -59,6 +59,7 @@ __all__ = [
     "forget",
     "normalised",
     "note",
+    "parsed_body",
 ]
 
 #: Hex characters of a fingerprint (64 bits: collisions within one identity's 16 calls are
@@ -136,12 +137,20 @@ def normalised(body: Any) -> Any:
     return kept
 
 
-def _canonical(body: bytes) -> bytes | None:
-    """The normalised body as canonical JSON, or None when it is not JSON (or too large)."""
-    if len(body) > PARSE_LIMIT:
-        return None
+def parsed_body(body: bytes | None) -> tuple[bool, Any]:
+    """``(True, value)`` for a JSON body within ``PARSE_LIMIT``, else ``(False, None)``: the
+    one parse that the fingerprint and the tool-history check share. Never raises."""
+    if not body or len(body) > PARSE_LIMIT:
+        return False, None
     try:
-        parsed = json.loads(body)
+        return True, json.loads(body)
+    except (ValueError, TypeError, RecursionError):
+        return False, None
+
+
+def _canonical(parsed: Any) -> bytes | None:
+    """The normalised body as canonical JSON, or None when it cannot be written back."""
+    try:
         text = json.dumps(
             normalised(parsed), sort_keys=True, separators=(",", ":"), ensure_ascii=False
         )
@@ -150,12 +159,22 @@ def _canonical(body: bytes) -> bytes | None:
     return text.encode("utf-8", "surrogatepass")
 
 
-def fingerprint(secret: bytes, method: str, host: str, path: str, body: bytes | None) -> str:
-    """The call's fingerprint: 16 hex characters, keyed with ``secret``. Never raises."""
+def fingerprint(
+    secret: bytes,
+    method: str,
+    host: str,
+    path: str,
+    body: bytes | None,
+    parsed: tuple[bool, Any] | None = None,
+) -> str:
+    """The call's fingerprint: 16 hex characters, keyed with ``secret``. Never raises.
+
+    ``parsed`` is ``parsed_body(body)`` when the caller has it already."""
     mac = hmac.new(secret, digestmod=hashlib.sha256)
     mac.update(f"{method.upper()} {host.lower()} {path}\n".encode("utf-8", "surrogatepass"))
     if body:
-        canonical = _canonical(body)
+        is_json, value = parsed if parsed is not None else parsed_body(body)
+        canonical = _canonical(value) if is_json else None
         if canonical is not None:
             mac.update(b"json\n")
             mac.update(canonical)
