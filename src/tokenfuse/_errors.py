@@ -320,7 +320,9 @@ class FailureLoop(FuseTripped):
             )
         else:
             what = f"failure loop: {self.call}{tool} failed {_fmt(self.count)} times{within}"
-        if self.reason == "tool_loop":
+        if self.reason == "repeat_loop" and self.retry_after <= 0:
+            advice = ' (reported, not refused: FailureLoopPolicy(on_repeat="refuse") refuses it)'
+        elif self.reason == "tool_loop":
             advice = (
                 "; the agent is stuck on a tool error: change the arguments, fix the tool, "
                 "or stop the run"

@@ -126,12 +126,15 @@ def _shown_path(path: str) -> str:
 class _Judge:
     """Turns one verdict into a decision (and events), keeping the verdict for the caller."""
 
-    __slots__ = ("breaker", "call", "tool", "verdict")
+    __slots__ = ("breaker", "call", "report", "tool", "verdict")
 
-    def __init__(self, breaker: LoopBreaker, call: CallName, tool: str | None) -> None:
+    def __init__(
+        self, breaker: LoopBreaker, call: CallName, tool: str | None, report: bool = True
+    ) -> None:
         self.breaker = breaker
         self.call = call
         self.tool = tool
+        self.report = report  # report repeats (not for calls clients poll)
         self.verdict: LoopVerdict | None = None
 
     def __call__(self, identity: Identity, verdict: LoopVerdict) -> Decision:
@@ -144,13 +147,14 @@ class _Judge:
             error = breaker.refusal(identity, self.call, verdict, self.tool)
         if verdict.tripped and error is not None:
             breaker.emit("failure_loop", identity, key_id, error)
-        elif verdict.repeated and error is not None:
+        elif verdict.repeated and error is not None and self.report:
             breaker.emit("repeat_loop", identity, key_id, error)
         elif (
             not verdict.allowed
             and verdict.reason == "repeat_loop"
             and verdict.count == breaker.policy.repeats
             and error is not None
+            and self.report
         ):
             breaker.emit("repeat_loop", identity, key_id, error)  # the first refusal only
         # A trip refuses, as a velocity record's does: the call went through, the next won't.
@@ -199,18 +203,19 @@ class LoopBreaker:
     # -- the steps ---------------------------------------------------------------------------
 
     def check(
-        self, identity: Identity, call: CallName, tool: str | None = None
+        self, identity: Identity, call: CallName, tool: str | None = None, report: bool = True
     ) -> tuple[Decision, LoopVerdict | None]:
         """Before the call: the decision (refused: ``error`` is a ``FailureLoop``), and the
-        verdict (None when the store was not asked: failed open)."""
-        judge = _Judge(self, call, tool)
+        verdict (None when the store was not asked: failed open). ``report=False``: no
+        ``repeat_loop`` event for this call (one clients poll)."""
+        judge = _Judge(self, call, tool, report)
         decision = self.fuse._decide(identity, self.check_op(identity, call), judge)
         return decision, judge.verdict
 
     async def acheck(
-        self, identity: Identity, call: CallName, tool: str | None = None
+        self, identity: Identity, call: CallName, tool: str | None = None, report: bool = True
     ) -> tuple[Decision, LoopVerdict | None]:
-        judge = _Judge(self, call, tool)
+        judge = _Judge(self, call, tool, report)
         decision = await self.fuse._adecide(identity, self.check_op(identity, call), judge)
         return decision, judge.verdict
 
