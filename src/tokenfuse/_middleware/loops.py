@@ -110,7 +110,7 @@ class InboundLoops:
             return
         failed, code = outcome
         try:
-            self.breaker.note(watch.identity, watch.call, failed, code, f"HTTP_{code}")
+            self.breaker.note(watch.identity, watch.call, failed, code)
         except StoreUnavailable:  # fail_closed: the response is on its way all the same
             logger.warning("tokenfuse: store unavailable, a failed call not counted")
 
@@ -120,7 +120,7 @@ class InboundLoops:
             return
         failed, code = outcome
         try:
-            await self.breaker.anote(watch.identity, watch.call, failed, code, f"HTTP_{code}")
+            await self.breaker.anote(watch.identity, watch.call, failed, code)
         except StoreUnavailable:
             logger.warning("tokenfuse: store unavailable, a failed call not counted")
 
