@@ -167,6 +167,7 @@ def test_other_arguments_and_other_callers_still_reach_the_app(
     for _ in range(3):
         call(BAD)
     assert call(json.dumps({"id": 7}).encode()) == (200, {"found": 7})
+    assert served.bodies[-1] == json.dumps({"id": 7}).encode()
     assert call(json.dumps({"note": "é", "id": "forty-two"}).encode())[0] == 429  # key order
     assert call(BAD, query="?b=2&a=1")[0] == 422  # another query is another call
     other = {**AUTH, "X-API-Key": "sk-agent-0002"}
