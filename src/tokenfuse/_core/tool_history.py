@@ -166,7 +166,8 @@ def _read_item(
         return
     role = item.get("role")
     if role == "assistant":
-        for tool_call in item.get("tool_calls") or ():  # OpenAI chat
+        tool_calls = item.get("tool_calls")
+        for tool_call in tool_calls if isinstance(tool_calls, list) else ():  # OpenAI chat
             if isinstance(tool_call, dict):
                 function = tool_call.get("function")
                 if isinstance(function, dict):
