@@ -177,9 +177,7 @@ def test_failure_loops_are_counted_and_open_no_key(scrape: Scrape, clock: Clock)
     assert scrape.value("tokenfuse_trips_total", reason="failure_loop", **out) == 1
     assert scrape.value("tokenfuse_refusals_total", reason="failure_loop", **out) == 2
     assert (
-        scrape.value(
-            "tokenfuse_decisions_total", operation="check_loops", outcome="refused", **out
-        )
+        scrape.value("tokenfuse_decisions_total", operation="check_loops", outcome="refused", **out)
         == 1
     )
     assert scrape.value("tokenfuse_keys_open", fuse="default") == 0  # one call, not the key
