@@ -126,7 +126,8 @@ def loops_key_of(prefix: str, key: str) -> str:
 # The failure-loop string (lua/_lib.lua, "The failure-loop breaker"): one record per call,
 # oldest first: the fingerprint (16 hex characters), the last error type (32 characters,
 # padded with spaces), then 7 doubles: last_seen, sends, sends_since, failures,
-# failures_since, open_until, status. 104 bytes a call, at most max_calls (16) of them.
+# failures_since, open_until, status. 104 bytes a call, at most max_calls (16) of them; the
+# string expires an hour after its last call would be forgotten (at most the store's TTL).
 LOOP_CALL = struct.Struct(f"<{FINGERPRINT_LENGTH}s{ERROR_LENGTH}s7d")
 
 

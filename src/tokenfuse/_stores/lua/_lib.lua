@@ -695,6 +695,7 @@ local LOOP_PRINT = 16 -- characters of a fingerprint
 local LOOP_ERROR = 32 -- characters of an error type
 local LOOP_SIZE = 104 -- bytes of one call
 local LP_FORMAT = '<ddddddd' -- 7: loop policy
+local LOOP_GRACE = 3600000 -- ms a loop string outlives its last call (clocks, simulations)
 local FAILURE_LOOP = 1 -- refusal reasons: loops.LOOP_REASONS
 local REPEAT_LOOP = 2
 
@@ -725,18 +726,26 @@ local function load_loops(key)
   return calls
 end
 
-local function save_loops(key, ttl, calls)
+-- Write the calls (none: DEL). The string lives until its last call would be forgotten (p.keep
+-- after it was last seen, or the end of its refusal) plus LOOP_GRACE ms, at most ttl ms: a
+-- caller seen once costs its bytes for minutes, not for the identity's days. (Without p, as
+-- for forget, the ttl.)
+local function save_loops(key, ttl, calls, now, p)
   if #calls == 0 then
     redis.call('DEL', key)
     return
   end
   local parts = {}
+  local last = now
   for i, c in ipairs(calls) do
     parts[i] = c.fingerprint .. c.error .. string.rep(' ', LOOP_ERROR - #c.error)
       .. pack(LOOP_FORMAT, c.last_seen, c.sends, c.sends_since, c.failures, c.failures_since,
         c.open_until, c.status)
+    if p then last = math.max(last, c.last_seen + p.keep, c.open_until) end
   end
-  redis.call('SET', key, table.concat(parts), 'PX', ttl)
+  local px = tonumber(ttl)
+  if p then px = math.min(px, math.ceil((last - now) * 1000) + LOOP_GRACE) end
+  redis.call('SET', key, table.concat(parts), 'PX', math.max(px, 1))
 end
 
 local function prune_loops(calls, now, p)

@@ -8,7 +8,8 @@ ARGV[3]  the call's fingerprint (16 hex characters)
 ARGV[4]  loop policy: 7 little-endian doubles: failures, failure_window s, cooldown s,
          repeats, repeat_window s, refuse_repeats (0/1), max_calls
 
-Calls TIME (unless ARGV[1] is given), GET, and SET ... PX (DEL when no call is left).
+Calls TIME (unless ARGV[1] is given), GET, and SET ... PX (DEL when no call is left): the
+string lives an hour past its last call's end, at most the ttl.
 
 Returns the verdict 'allowed reason tripped repeated count window retry_after failures
 status error' (reason: 0 none, 1 failure_loop, 2 repeat_loop; error '-' when none).
@@ -18,5 +19,5 @@ local now = clock(ARGV[1])
 local p = loop_params(ARGV[4])
 local calls = prune_loops(load_loops(KEYS[1]), now, p)
 local verdict = check_loop(calls, ARGV[3], now, p)
-save_loops(KEYS[1], ARGV[2], calls)
+save_loops(KEYS[1], ARGV[2], calls, now, p)
 return verdict

@@ -11,7 +11,8 @@ ARGV[5]  '1' the call failed, '0' it succeeded
 ARGV[6]  the HTTP status of the failure (0: none)
 ARGV[7]  the failure's type: at most 32 characters, no spaces ('' when unknown)
 
-Calls TIME (unless ARGV[1] is given), GET, and SET ... PX (DEL when no call is left).
+Calls TIME (unless ARGV[1] is given), GET, and SET ... PX (DEL when no call is left): the
+string lives an hour past its last call's end, at most the ttl.
 
 Returns the verdict as check_loops.lua does.
 --]]
@@ -21,5 +22,5 @@ local p = loop_params(ARGV[4])
 local calls = prune_loops(load_loops(KEYS[1]), now, p)
 local verdict = note_loop(calls, ARGV[3], ARGV[5] == '1', tonumber(ARGV[6]),
   string.sub(ARGV[7], 1, LOOP_ERROR), now, p)
-save_loops(KEYS[1], ARGV[2], calls)
+save_loops(KEYS[1], ARGV[2], calls, now, p)
 return verdict
