@@ -14,6 +14,7 @@ the user's guide.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -117,6 +118,7 @@ class CallName:
         return f"{self.method} {self.path} #{self.fingerprint[:8]}"
 
 
+@functools.lru_cache(maxsize=1024)
 def _shown_path(path: str) -> str:
     # A path is the application's, but it may carry an id; keep it short and printable.
     shown = "".join(ch if ch.isprintable() else "?" for ch in path[:120])

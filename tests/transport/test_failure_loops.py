@@ -492,3 +492,26 @@ def test_bad_policies_fail_at_construction(options: dict[str, Any], message: str
 def test_a_wrong_policy_type_is_refused() -> None:
     with pytest.raises(ValueError, match="FailureLoopPolicy"):
         FuseTransport(failure_loops={"failures": 3})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'data: {"choices":[]}\n\nevent: error\ndata: {"message":"overloaded"}\n\n',
+        b'data: {"choices":[]}\n\ndata: {"error": {"message": "boom"}}\n\n',
+        b'data: {"type":"response.failed","response":{}}\n\n',
+    ],
+)
+def test_an_error_mark_split_across_two_chunks_anywhere_is_found(body: bytes) -> None:
+    from tokenfuse._loops import CallName
+    from tokenfuse._transport.loop_step import LoopWatch
+
+    for cut in range(1, len(body)):
+        watch = LoopWatch(Identity.named("a"), CallName("0" * 16, "POST", "/"), False)
+        watch.feed(body[:cut])
+        watch.feed(body[cut:])
+        assert watch.marked, cut
+    clean = LoopWatch(Identity.named("a"), CallName("0" * 16, "POST", "/"), False)
+    for part in (b'data: {"text":"an err', b'or in the text is no error event"}\n\n'):
+        clean.feed(part)
+    assert not clean.marked

@@ -53,6 +53,17 @@ _STREAM_ERRORS = (
     b'data:{"error"',
 )
 _CARRY = max(len(mark) for mark in _STREAM_ERRORS)
+#: Every mark holds one of these words: a chunk without one (and not ending with the start of
+#: one) is passed over with two searches.
+_WORDS = (b"error", b"failed")
+#: The last bytes of a chunk when the next one may finish a word it began.
+_WORD_BYTES = frozenset(byte for word in _WORDS for byte in word[:-1])
+
+
+def _split_word(previous: bytes, chunk: bytes) -> bool:
+    """Whether a word of ``_WORDS`` runs across the border of two chunks."""
+    border = previous[-5:] + chunk[:5]
+    return any(word in border for word in _WORDS)
 
 
 def failure_of(status: int, body: bytes, event_stream: bool) -> tuple[bool, str]:
@@ -95,6 +106,10 @@ def _error_type(error: Any) -> str:
     return ""
 
 
+def _event_stream(response: Any) -> bool:
+    return "text/event-stream" in response.headers.get("content-type", "")
+
+
 def _is_retry(request: Any) -> bool:
     count = request.headers.get("x-stainless-retry-count", "0")
     return count not in ("", "0")
@@ -103,25 +118,62 @@ def _is_retry(request: Any) -> bool:
 class LoopWatch:
     """One call under watch: who, which call, and whether a success must be noted."""
 
-    __slots__ = ("call", "carry", "done", "head", "identity", "marked", "needs_success")
+    __slots__ = (
+        "_kept",
+        "_parts",
+        "call",
+        "carry",
+        "done",
+        "identity",
+        "keep_head",
+        "marked",
+        "needs_success",
+        "pending",
+    )
 
     def __init__(self, identity: Identity, call: CallName, needs_success: bool) -> None:
         self.identity = identity
         self.call = call
         self.needs_success = needs_success
-        self.head = b""
+        self.keep_head = True  # an event stream's errors are its marks, not a JSON head
+        self._parts: list[bytes] = []
+        self._kept = 0
         self.carry = b""
+        self.pending = False
         self.marked = False
         self.done = False
 
+    @property
+    def head(self) -> bytes:
+        """The start of the body (at most ``_HEAD`` bytes), for an error object."""
+        return b"".join(self._parts)
+
     def feed(self, chunk: bytes) -> None:
-        """Look at a chunk of the body: keep its start, find error marks in a stream."""
-        if len(self.head) < _HEAD:
-            self.head += chunk[: _HEAD - len(self.head)]
-        if not self.marked:
-            window = self.carry + chunk
+        """Look at a chunk of the body: keep its start, find error marks in a stream.
+
+        Cheap per chunk, as a stream has thousands: the start is kept as a list of slices
+        (joined once, at the end), and the marks are looked for only where an ``error`` is
+        (within the chunk, or across its border with the previous one).
+        """
+        if self.keep_head and self._kept < _HEAD:
+            part = chunk[: _HEAD - self._kept]
+            self._parts.append(part)
+            self._kept += len(part)
+        if self.marked:
+            return
+        previous = self.carry  # the previous chunk itself: kept, not copied
+        hit = b"error" in chunk or b"failed" in chunk
+        split = bool(previous) and previous[-1] in _WORD_BYTES and _split_word(previous, chunk)
+        if hit or self.pending or split:
+            window = previous[-_CARRY:] + chunk
             self.marked = any(mark in window for mark in _STREAM_ERRORS)
-            self.carry = window[-_CARRY:]
+        # A word near the end may be the start of a mark the next chunk finishes.
+        if hit:
+            end = chunk[-_CARRY:]
+            self.pending = b"error" in end or b"failed" in end
+        else:
+            self.pending = False
+        self.carry = chunk
 
 
 class LoopStep:
@@ -194,6 +246,7 @@ class LoopStep:
             watch.feed(body)
             self._note(watch, response)
             return
+        watch.keep_head = not _event_stream(response)
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
             response.stream, watch, lambda: self._note(watch, response)
         )
@@ -206,6 +259,7 @@ class LoopStep:
             watch.feed(body)
             await self._anote(watch, response)
             return
+        watch.keep_head = not _event_stream(response)
         response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
             response.stream, watch, lambda: self._anote(watch, response)
         )
@@ -216,7 +270,7 @@ class LoopStep:
             return None
         watch.done = True
         status = int(response.status_code)
-        stream = "text/event-stream" in response.headers.get("content-type", "")
+        stream = _event_stream(response)
         failed, error = failure_of(status, watch.head, stream)
         if stream and watch.marked and status not in _NOT_FAILURES:
             failed, error = True, error or "stream_error"
