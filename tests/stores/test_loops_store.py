@@ -58,3 +58,26 @@ def test_fingerprints_are_checked_before_they_reach_redis(
     store = RedisStore(client, prefix=redis_prefix, open_keys=False)
     with pytest.raises(ValueError, match="16 hex"):
         store.run(CheckLoops(KEY, "not hex at all!!", LoopPolicy()))
+
+
+def test_threads_failing_the_same_call_at_once_trip_it_exactly_once(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Sixteen agents' failures of one call land together on the server's clock: each note is
+    one script, so the count is exact and one of them, only one, trips the call."""
+    from tests.stores.conftest import all_at_once
+
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix, open_keys=False)
+    policy = LoopPolicy(failures=5)
+    mark = "feedfacecafebeef"
+    try:
+        verdicts = all_at_once(
+            lambda: store.run(NoteLoop(KEY, mark, policy, True, 500, "server_error")), 16
+        )
+        assert sum(verdict.tripped for verdict in verdicts) == 1
+        assert sorted(verdict.count for verdict in verdicts)[:5] == [1, 2, 3, 4, 5]
+        checks = all_at_once(lambda: store.run(CheckLoops(KEY, mark, policy)), 8)
+        assert not any(check.allowed for check in checks)
+        assert all(check.reason == "failure_loop" for check in checks)
+    finally:
+        store.close()
