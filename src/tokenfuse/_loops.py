@@ -80,15 +80,18 @@ class FailureLoopPolicy:
                 raise ConfigurationError(
                     f"{name} must be an integer from {least} to 1000, not {value!r}"
                 )
-        core = LoopPolicy(
-            failures=self.failures,
-            failure_window=self.window,
-            cooldown=self.window if self.cooldown is None else self.cooldown,
-            repeats=self.repeats,
-            repeat_window=self.repeat_window,
-            refuse_repeats=self.on_repeat == "refuse",
-            max_calls=self.max_calls,
-        )
+        try:
+            core = LoopPolicy(
+                failures=self.failures,
+                failure_window=self.window,
+                cooldown=self.window if self.cooldown is None else self.cooldown,
+                repeats=self.repeats,
+                repeat_window=self.repeat_window,
+                refuse_repeats=self.on_repeat == "refuse",
+                max_calls=self.max_calls,
+            )
+        except ConfigurationError as exc:  # named as this policy names it
+            raise ConfigurationError(str(exc).replace("failure_window", "window")) from None
         object.__setattr__(self, "core", core)
 
 
@@ -108,9 +111,11 @@ class CallName:
         path: str,
         body: bytes | None,
         parsed: tuple[bool, Any] | None = None,
+        shown: str | None = None,
     ) -> CallName:
+        """``shown``: the path as messages show it, when ``path`` holds more (a query)."""
         mark = fingerprint(secret, method, host, path, body, parsed)
-        return CallName(mark, method.upper(), _shown_path(path))
+        return CallName(mark, method.upper(), _shown_path(path if shown is None else shown))
 
     @property
     def label(self) -> str:
@@ -136,7 +141,7 @@ class _Judge:
         self.breaker = breaker
         self.call = call
         self.tool = tool
-        self.report = report  # report repeats (not for calls clients poll)
+        self.report = report  # report repeats (inbound does not: see _middleware/loops.py)
         self.verdict: LoopVerdict | None = None
 
     def __call__(self, identity: Identity, verdict: LoopVerdict) -> Decision:
@@ -187,9 +192,11 @@ class LoopBreaker:
         path: str,
         body: bytes | None,
         parsed: tuple[bool, Any] | None = None,
+        shown: str | None = None,
     ) -> CallName:
-        """The call's fingerprint under the fuse's secret, and its printable name."""
-        return CallName.of(self.fuse._secret, method, host, path, body, parsed)
+        """The call's fingerprint under the fuse's secret, and its printable name (``shown``:
+        the path to show, when ``path`` holds a query, which may carry a credential)."""
+        return CallName.of(self.fuse._secret, method, host, path, body, parsed, shown)
 
     # -- the operations: values, for a caller that runs them with others -------------------
 

@@ -478,7 +478,7 @@ def test_off_with_none(fuse: Fuse) -> None:
     ("options", "message"),
     [
         ({"failures": 1}, "failures"),
-        ({"window": -1}, "failure_window"),
+        ({"window": -1}, "window must"),
         ({"on_repeat": "ignore"}, "on_repeat"),
         ({"tool_failures": 0}, "tool_failures"),
         ({"max_calls": 0}, "max_calls"),

@@ -93,8 +93,10 @@ class InboundLoops:
         self.breaker = LoopBreaker(fuse, policy)
 
     def name(self, request: RequestView, query: Any, body: bytes | None) -> CallName:
+        """The call: route, query and body in its fingerprint; the route alone in messages
+        (a query may carry a credential)."""
         path = request.path + _query(query)
-        return self.breaker.name(request.method, "", path, body)
+        return self.breaker.name(request.method, "", path, body, shown=request.path)
 
     def check(self, identity: Identity, call: CallName) -> tuple[Decision, LoopCall]:
         decision, verdict = self.breaker.check(identity, call, report=False)
