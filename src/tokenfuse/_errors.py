@@ -263,7 +263,8 @@ class FailureLoop(FuseTripped):
         status: the HTTP status of the last failure, when there was one.
         error: the type of the last failure (``invalid_request_error``), at most 32 safe
             characters; never a message, which may quote the request.
-        forget: how to let the call through before ``retry_after``.
+        store_key: the identity's key in the store (a keyed hash, never the credential):
+            ``tokenfuse.forget_loops(error)`` lets this very call through again.
     """
 
     reason = "failure_loop"
@@ -283,9 +284,11 @@ class FailureLoop(FuseTripped):
         error: str | None = None,
         reason: str | None = None,
         key_id: str | None = None,
+        store_key: str | None = None,
     ) -> None:
         self.call = call
         self.fingerprint = fingerprint
+        self.store_key = store_key
         self.tool = tool
         self.count = count
         self.status = status
@@ -330,7 +333,7 @@ class FailureLoop(FuseTripped):
         else:
             advice = (
                 f" (blocked for {_seconds(self.retry_after)}); the agent is stuck: change the "
-                "request, or let it through now with tokenfuse.forget_loops(key)"
+                "request, or let it through now with tokenfuse.forget_loops(this error)"
             )
         return f"{what} for key {self.who}{last}{advice}"
 

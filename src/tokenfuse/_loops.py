@@ -264,6 +264,7 @@ class LoopBreaker:
             status=int(verdict.status) or None,
             error=verdict.error or None,
             reason=reason,
+            store_key=self.fuse._key(identity),
         )
 
     def tool_refusal(
@@ -307,32 +308,46 @@ class LoopBreaker:
         self.fuse.hooks.emit(event, logging.WARNING)
 
 
-def forget_loops(who: str | Identity, *, fuse: Fuse | None = None) -> int:
-    """Let every call of ``who`` through the failure-loop breaker again, now: forget its
-    recent calls (failures, repeats, refusals), for every process sharing the store. Returns
-    how many calls were forgotten. ``fuse`` is the one the transport or middleware counts in
-    (default: ``default_fuse()``).
+def _forget_op(who: str | Identity | FailureLoop, fuse: Fuse) -> tuple[ForgetLoops, str, str]:
+    """The operation forgetting ``who``'s calls (or the one call a refusal names), with the
+    label and key id its event names."""
+    if isinstance(who, FailureLoop):
+        if not who.store_key:
+            raise ConfigurationError("this FailureLoop names no stored call (a tool_loop)")
+        return ForgetLoops(who.store_key, who.fingerprint), who.key, who.key_id or "?"
+    identity = Identity.of(who)
+    return ForgetLoops(fuse._key(identity)), identity.label, fuse.key_id(identity)
 
-    >>> tokenfuse.forget_loops("agent-42")  # doctest: +SKIP
+
+def forget_loops(who: str | Identity | FailureLoop, *, fuse: Fuse | None = None) -> int:
+    """Let calls through the failure-loop breaker again, now, for every process sharing the
+    store: every recent call of ``who`` (a name, an ``Identity``), or the one call a
+    ``FailureLoop`` refused. Returns how many calls were forgotten. ``fuse`` is the one the
+    transport or middleware counts in (default: ``default_fuse()``).
+
+    >>> try:                                                     # doctest: +SKIP
+    ...     client.chat.completions.create(...)
+    ... except tokenfuse.FailureLoop as loop:
+    ...     fix_the_cause(loop)
+    ...     tokenfuse.forget_loops(loop)
     1
     """
     fuse = fuse if fuse is not None else default_fuse()
-    identity = Identity.of(who)
-    forgotten: int = fuse._sync().run(ForgetLoops(fuse._key(identity)))
-    _forgotten(fuse, identity, forgotten)
+    op, label, key_id = _forget_op(who, fuse)
+    forgotten: int = fuse._sync().run(op)
+    _forgotten(fuse, label, key_id, forgotten)
     return forgotten
 
 
-async def aforget_loops(who: str | Identity, *, fuse: Fuse | None = None) -> int:
+async def aforget_loops(who: str | Identity | FailureLoop, *, fuse: Fuse | None = None) -> int:
     """``forget_loops`` for asyncio code."""
     fuse = fuse if fuse is not None else default_fuse()
-    identity = Identity.of(who)
-    forgotten: int = await fuse._async().arun(ForgetLoops(fuse._key(identity)))
-    _forgotten(fuse, identity, forgotten)
+    op, label, key_id = _forget_op(who, fuse)
+    forgotten: int = await fuse._async().arun(op)
+    _forgotten(fuse, label, key_id, forgotten)
     return forgotten
 
 
-def _forgotten(fuse: Fuse, identity: Identity, count: int) -> None:
-    key_id = fuse.key_id(identity)
-    detail = f"key {identity.label} [id {key_id}]: {count} call(s) forgotten by the loop breaker"
-    fuse.hooks.emit(FuseEvent("reset", identity.label, detail, key_id=key_id, fuse=fuse.name))
+def _forgotten(fuse: Fuse, label: str, key_id: str, count: int) -> None:
+    detail = f"key {label} [id {key_id}]: {count} call(s) forgotten by the loop breaker"
+    fuse.hooks.emit(FuseEvent("reset", label, detail, key_id=key_id, fuse=fuse.name))

@@ -149,12 +149,14 @@ def test_another_call_still_goes_and_forget_loops_lets_it_through(fuse: Fuse) ->
             ask_openai(client)
     with pytest.raises(openai.BadRequestError):  # other arguments: progress, not the loop
         ask_openai(client, [{"role": "user", "content": "Say hello, differently"}])
-    with pytest.raises(FailureLoop):
+    with pytest.raises(FailureLoop) as caught:
         ask_openai(client)
-    assert forget_loops(Identity.secret(OPENAI_KEY), fuse=fuse) == 2
+    assert forget_loops(caught.value, fuse=fuse) == 1  # this very call
     with pytest.raises(openai.BadRequestError):
         ask_openai(client)
+    assert forget_loops(Identity.secret(OPENAI_KEY), fuse=fuse) == 2  # every call of the key
     assert len(stub.requests) == 5
+    assert caught.value.store_key and OPENAI_KEY not in caught.value.store_key
 
 
 def test_after_the_cooldown_the_call_goes_again(fuse: Fuse, clock: Clock) -> None:
