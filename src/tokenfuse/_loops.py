@@ -43,8 +43,10 @@ class FailureLoopPolicy:
         failures: failures of the same call (same method, path and normalised body) within
             ``window`` seconds that trip it.
         window: seconds the failures are counted over, from the first.
-        cooldown: seconds a tripped call is refused (default: ``window``); afterwards it
-            starts again from nothing.
+        cooldown: seconds a tripped call is refused (default: ``window``); afterwards its
+            count starts again from nothing. A trip within an hour of the same call's previous
+            one doubles it, up to ``cooldown_max`` (default: an hour, or ``cooldown`` if
+            longer).
         repeats: sends of the same call within ``repeat_window`` seconds that make a repeat
             loop, failing or not.
         repeat_window: seconds the sends are counted over, from the first.
@@ -61,6 +63,7 @@ class FailureLoopPolicy:
     failures: int = 3
     window: float = 120.0
     cooldown: float | None = None
+    cooldown_max: float | None = None
     repeats: int = 5
     repeat_window: float = 60.0
     on_repeat: OnRepeat = "event"
@@ -80,11 +83,13 @@ class FailureLoopPolicy:
                 raise ConfigurationError(
                     f"{name} must be an integer from {least} to 1000, not {value!r}"
                 )
+        cooldown = self.window if self.cooldown is None else self.cooldown
         try:
             core = LoopPolicy(
                 failures=self.failures,
                 failure_window=self.window,
-                cooldown=self.window if self.cooldown is None else self.cooldown,
+                cooldown=cooldown,
+                cooldown_max=_cooldown_max(self.cooldown_max, cooldown),
                 repeats=self.repeats,
                 repeat_window=self.repeat_window,
                 refuse_repeats=self.on_repeat == "refuse",
@@ -93,6 +98,14 @@ class FailureLoopPolicy:
         except ConfigurationError as exc:  # named as this policy names it
             raise ConfigurationError(str(exc).replace("failure_window", "window")) from None
         object.__setattr__(self, "core", core)
+
+
+def _cooldown_max(given: float | None, cooldown: float) -> float:
+    if given is not None:
+        return given
+    if isinstance(cooldown, (int, float)) and not isinstance(cooldown, bool):
+        return max(3_600.0, float(cooldown))
+    return 3_600.0  # a bad cooldown: LoopPolicy names it
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,23 @@ def test_after_the_cooldown_the_call_starts_from_nothing() -> None:
     assert note(state, A, True, 500.0, "", NOW + 32, p).count == 1
 
 
+def test_a_call_that_trips_again_within_the_hour_waits_twice_as_long_up_to_the_cap() -> None:
+    p, state = LoopPolicy(cooldown=30, cooldown_max=100), LoopState()
+    now = NOW
+    waits = []
+    for _ in range(4):  # trip, wait it out, trip again at once
+        for _ in range(3):
+            fail(state, A, now, p)
+        refused = check(state, A, now, p)
+        waits.append(refused.retry_after)
+        now += refused.retry_after
+    assert waits == [30, 60, 100, 100]
+    now += 3_600.5  # a quiet hour: the escalation is forgotten
+    for _ in range(3):
+        fail(state, A, now, p)
+    assert check(state, A, now, p).retry_after == 30
+
+
 def test_five_identical_sends_within_a_minute_are_reported_once() -> None:
     p, state = LoopPolicy(), LoopState()
     seen = [check(state, A, NOW + at, p) for at in range(0, 60, 10)]
@@ -117,6 +134,7 @@ def test_forget_one_or_all() -> None:
         {"cooldown": float("nan")},
         {"repeat_window": 10 * 86_400},
         {"refuse_repeats": "yes"},
+        {"cooldown": 60, "cooldown_max": 30},
     ],
 )
 def test_bad_policies_are_refused(bad: dict[str, object]) -> None:

@@ -33,16 +33,25 @@ KEYS = ("default:alpha", "default:beta")
 PRINTS = ("0123456789abcdef", "fedcba9876543210", "00000000deadbeef", "aaaaaaaaaaaaaaaa")
 finite = {"allow_nan": False, "allow_infinity": False}
 
-policies = st.builds(
-    LoopPolicy,
-    failures=st.integers(2, 5),
-    failure_window=st.sampled_from([120.0, 1.0]) | st.floats(0.5, 600, **finite),
-    cooldown=st.sampled_from([120.0, 0.25]) | st.floats(0.1, 600, **finite),
-    repeats=st.integers(2, 6),
-    repeat_window=st.sampled_from([60.0, 2.0]) | st.floats(0.5, 600, **finite),
-    refuse_repeats=st.booleans(),
-    max_calls=st.integers(1, 4),
-)
+
+@st.composite
+def policies(draw: st.DrawFn) -> LoopPolicy:
+    cooldown = draw(st.sampled_from([120.0, 0.25]) | st.floats(0.1, 600, **finite))
+    multiple = draw(st.sampled_from([1.0, 8.0, 1e6]) | st.floats(1, 50))
+    return LoopPolicy(
+        failures=draw(st.integers(2, 5)),
+        failure_window=draw(st.sampled_from([120.0, 1.0]) | st.floats(0.5, 600, **finite)),
+        cooldown=cooldown,
+        cooldown_max=min(
+            cooldown * draw(st.sampled_from([1.0, 8.0, 1e6]) | st.floats(1, 50)), 86_400
+        ),
+        repeats=draw(st.integers(2, 6)),
+        repeat_window=draw(st.sampled_from([60.0, 2.0]) | st.floats(0.5, 600, **finite)),
+        refuse_repeats=draw(st.booleans()),
+        max_calls=draw(st.integers(1, 4)),
+    )
+
+
 steps = (
     st.just(0.0)
     | st.floats(0.001, 2, **finite)
@@ -76,7 +85,7 @@ class Scenario:
 def stuck(draw: st.DrawFn) -> list[tuple[float, tuple[Any, ...]]]:
     """An agent repeating one call (check, then note), mostly failing, at a drawn pace."""
     key, mark = draw(st.sampled_from(KEYS)), draw(st.sampled_from(PRINTS[:2]))
-    gap = draw(st.floats(0, 30, **finite))
+    gap = draw(st.floats(0, 30, **finite) | st.sampled_from([121.0, 300.0, 1_000.0]))
     ops: list[tuple[float, tuple[Any, ...]]] = []
     for _ in range(draw(st.integers(2, 12))):
         failed = draw(st.sampled_from([True, True, True, False]))
@@ -95,7 +104,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
             ops += draw(st.lists(st.tuples(steps, operations), min_size=1, max_size=15))
     return Scenario(
         start=draw(st.floats(1_767_225_600.0, 1_767_225_600.0 + 86_400, **finite)),
-        policy=draw(policies),
+        policy=draw(policies()),
         ops=ops,
     )
 
@@ -127,6 +136,8 @@ def run(scenario: Scenario, client: redis.Redis) -> None:
             assert lua.run(op) == expected, f"verdict of step {step}: {op}"
             if getattr(expected, "tripped", False):
                 event("tripped")
+                if expected.retry_after > scenario.policy.cooldown:
+                    event("tripped again: a longer cooldown")
             if getattr(expected, "reason", None) is not None and not expected.allowed:
                 event(f"refused: {expected.reason}")
             if getattr(expected, "repeated", False):

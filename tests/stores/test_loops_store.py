@@ -31,11 +31,12 @@ def test_the_string_holds_at_most_max_calls_and_lives_an_hour_past_its_last_call
         store.run(CheckLoops(KEY, f"{n:016x}", policy))
     name = loops_key_of(redis_prefix, KEY)
     raw = client.get(name)
-    assert raw is not None and len(raw) == 16 * LOOP_CALL.size == 16 * 104
+    assert raw is not None and len(raw) == 16 * LOOP_CALL.size == 16 * 120
     ttl = client.pttl(name)
     assert 3_600_000 < ttl <= 3_600_000 + 120_000  # not the identity's 14 days
-    store.run(NoteLoop(KEY, f"{99:016x}", LoopPolicy(failures=2, cooldown=86_400), True, 500))
-    store.run(NoteLoop(KEY, f"{99:016x}", LoopPolicy(failures=2, cooldown=86_400), True, 500))
+    day = LoopPolicy(failures=2, cooldown=86_400, cooldown_max=86_400)
+    store.run(NoteLoop(KEY, f"{99:016x}", day, True, 500))
+    store.run(NoteLoop(KEY, f"{99:016x}", day, True, 500))
     assert client.pttl(name) > 86_400_000  # a refusal in force outlives its cooldown
     clock.advance(3 * 86_400)
     assert store.run(ForgetLoops(KEY)) == 16

@@ -26,8 +26,10 @@ not refused (or, when all are, the least recently seen).
   (``repeated``), or, with ``refuse_repeats``, refused (``repeat_loop``) with nothing counted
   until the window has passed.
 * ``note`` (after it): a failure counts within ``failure_window`` of the first failure;
-  the ``failures``-th trips: the call is refused for ``cooldown`` seconds, after which it
-  starts again from nothing. A success ends the failure count (not a refusal in force).
+  the ``failures``-th trips: the call is refused for ``cooldown`` seconds, doubled for each
+  further trip of the same call within ``ESCALATION_WINDOW`` of the previous one (at most
+  ``cooldown_max``), after which its count starts again from nothing. A success ends the
+  failure count (not a refusal in force).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ PARSE_LIMIT = 1 << 20
 HASH_LIMIT = 4 << 20
 #: The longest error description kept (``clean_error``).
 ERROR_LENGTH = 32
+#: A trip this soon after the same call's previous one doubles its cooldown (as the velocity
+#: latch's ``escalation_window``); a call that tripped this recently is remembered.
+ESCALATION_WINDOW = 3_600.0
+#: Doublings at the most (the cooldown is capped long before: this only bounds the number).
+MAX_STRIKES = 32.0
 
 #: Top-level request fields that differ between two sends of the same call, or do not change
 #: what is asked: dropped from the fingerprint.
@@ -212,6 +219,8 @@ class LoopPolicy:
     failure_window: float = 120.0
     cooldown: float = 120.0
     """Seconds a tripped call is refused; then it starts again from nothing."""
+    cooldown_max: float = 3_600.0
+    """The longest cooldown, however often the call trips again within the hour."""
     repeats: int = 5
     """Sends of the same call within ``repeat_window`` that make a repeat loop."""
     repeat_window: float = 60.0
@@ -227,7 +236,7 @@ class LoopPolicy:
                 raise ConfigurationError(
                     f"{name} must be an integer from {least} to 1000, not {value!r}"
                 )
-        for name in ("failure_window", "repeat_window", "cooldown"):
+        for name in ("failure_window", "repeat_window", "cooldown", "cooldown_max"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -237,6 +246,11 @@ class LoopPolicy:
                 raise ConfigurationError(
                     f"{name} must be a number of seconds above 0 and at most a day, not {value!r}"
                 )
+        if self.cooldown_max < self.cooldown:
+            raise ConfigurationError(
+                f"cooldown_max ({self.cooldown_max!r}) must be at least cooldown "
+                f"({self.cooldown!r})"
+            )
         if not isinstance(self.refuse_repeats, bool):
             raise ConfigurationError(
                 f"refuse_repeats must be True or False, not {self.refuse_repeats!r}"
@@ -244,7 +258,8 @@ class LoopPolicy:
 
     @property
     def keep(self) -> float:
-        """How long an untouched, unrefused call is remembered."""
+        """How long an untouched call that neither is refused nor tripped within
+        ``ESCALATION_WINDOW`` is remembered."""
         return max(float(self.failure_window), float(self.repeat_window))
 
 
@@ -263,6 +278,9 @@ class LoopCall:
     """The HTTP status of the last failure (0: none, or not HTTP)."""
     error: str = ""
     """The type of the last failure (``clean_error``)."""
+    strikes: float = 0.0
+    """Trips of this call in a row, each within ``ESCALATION_WINDOW`` of the previous one."""
+    last_trip: float = 0.0
 
 
 @dataclass(slots=True)
@@ -295,12 +313,19 @@ class LoopVerdict:
     error: str = ""
 
 
+def _kept(call: LoopCall, now: float, keep: float) -> bool:
+    return (
+        now - call.last_seen <= keep
+        or call.open_until > now
+        or (call.last_trip > 0 and now - call.last_trip <= ESCALATION_WINDOW)
+    )
+
+
 def _prune(state: LoopState, now: float, p: LoopPolicy) -> None:
-    """Forget the calls untouched for longer than both windows and not refused."""
+    """Forget the calls untouched for longer than both windows, neither refused nor tripped
+    within ``ESCALATION_WINDOW``."""
     keep = p.keep
-    state.calls = [
-        call for call in state.calls if now - call.last_seen <= keep or call.open_until > now
-    ]
+    state.calls = [call for call in state.calls if _kept(call, now, keep)]
 
 
 def _find(state: LoopState, fingerprint: str) -> LoopCall | None:
@@ -416,7 +441,12 @@ def note(
     call.status = status
     call.error = error
     if call.failures >= p.failures and call.open_until <= 0:
-        call.open_until = now + p.cooldown
+        if call.last_trip > 0 and now - call.last_trip <= ESCALATION_WINDOW:
+            call.strikes = min(call.strikes + 1, MAX_STRIKES)
+        else:
+            call.strikes = 0.0
+        call.last_trip = now
+        call.open_until = now + min(p.cooldown * 2.0**call.strikes, p.cooldown_max)
         verdict = _refused(call, now, p)
         verdict.allowed = True  # this call was sent; the next one is refused
         verdict.tripped = True

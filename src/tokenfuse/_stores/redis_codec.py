@@ -125,10 +125,11 @@ def loops_key_of(prefix: str, key: str) -> str:
 
 # The failure-loop string (lua/_lib.lua, "The failure-loop breaker"): one record per call,
 # oldest first: the fingerprint (16 hex characters), the last error type (32 characters,
-# padded with spaces), then 7 doubles: last_seen, sends, sends_since, failures,
-# failures_since, open_until, status. 104 bytes a call, at most max_calls (16) of them; the
+# padded with spaces), then 9 doubles: last_seen, sends, sends_since, failures,
+# failures_since, open_until, status, strikes, last_trip. 120 bytes a call, at most max_calls
+# (16) of them; the
 # string expires an hour after its last call would be forgotten (at most the store's TTL).
-LOOP_CALL = struct.Struct(f"<{FINGERPRINT_LENGTH}s{ERROR_LENGTH}s7d")
+LOOP_CALL = struct.Struct(f"<{FINGERPRINT_LENGTH}s{ERROR_LENGTH}s9d")
 
 
 def loop_state(raw: bytes | None) -> LoopState:
@@ -136,7 +137,8 @@ def loop_state(raw: bytes | None) -> LoopState:
     calls = []
     for at in range(0, len(raw or b"") // LOOP_CALL.size * LOOP_CALL.size, LOOP_CALL.size):
         mark, error, *numbers = LOOP_CALL.unpack_from(raw or b"", at)
-        last_seen, sends, sends_since, failures, failures_since, open_until, status = numbers
+        (last_seen, sends, sends_since, failures, failures_since, open_until, status, strikes,
+         last_trip) = numbers  # fmt: skip
         calls.append(
             LoopCall(
                 mark.decode("ascii"),
@@ -148,6 +150,8 @@ def loop_state(raw: bytes | None) -> LoopState:
                 open_until,
                 status,
                 error.decode("ascii").rstrip(" "),
+                strikes,
+                last_trip,
             )
         )
     return LoopState(calls)
@@ -248,7 +252,7 @@ def _bucket_policy(policy: BucketPolicy | None) -> bytes:
 @functools.lru_cache(maxsize=256)
 def _loop_policy(policy: LoopPolicy) -> bytes:
     return struct.pack(
-        "<7d",
+        "<8d",
         policy.failures,
         policy.failure_window,
         policy.cooldown,
@@ -256,6 +260,7 @@ def _loop_policy(policy: LoopPolicy) -> bytes:
         policy.repeat_window,
         1.0 if policy.refuse_repeats else 0.0,
         policy.max_calls,
+        policy.cooldown_max,
     )
 
 

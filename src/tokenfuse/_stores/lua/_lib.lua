@@ -688,23 +688,26 @@ end
 -- <prefix>:loops:{<key>} (same hash tag as the identity, so the same slot), of LOOP_SIZE bytes
 -- a call, oldest first: the fingerprint (16 hex characters), the last error (32 characters,
 -- padded with spaces), then LOOP_FORMAT's doubles: last_seen, sends, sends_since, failures,
--- failures_since, open_until, status. No calls: no key.
+-- failures_since, open_until, status, strikes, last_trip. No calls: no key.
 
-local LOOP_FORMAT = '<ddddddd' -- 7: one call's numbers
+local LOOP_FORMAT = '<ddddddddd' -- 9: one call's numbers
 local LOOP_PRINT = 16 -- characters of a fingerprint
 local LOOP_ERROR = 32 -- characters of an error type
-local LOOP_SIZE = 104 -- bytes of one call
-local LP_FORMAT = '<ddddddd' -- 7: loop policy
+local LOOP_SIZE = 120 -- bytes of one call
+local LP_FORMAT = '<dddddddd' -- 8: loop policy
+local ESCALATION_WINDOW = 3600.0 -- loops.ESCALATION_WINDOW
+local MAX_STRIKES = 32.0
 local LOOP_GRACE = 3600000 -- ms a loop string outlives its last call (clocks, simulations)
 local FAILURE_LOOP = 1 -- refusal reasons: loops.LOOP_REASONS
 local REPEAT_LOOP = 2
 
 local function loop_params(arg)
-  local failures, failure_window, cooldown, repeats, repeat_window, refuse, max_calls =
-    unpack_doubles(LP_FORMAT, arg)
+  local failures, failure_window, cooldown, repeats, repeat_window, refuse, max_calls,
+    cooldown_max = unpack_doubles(LP_FORMAT, arg)
   return {failures = failures, failure_window = failure_window, cooldown = cooldown,
     repeats = repeats, repeat_window = repeat_window, refuse_repeats = refuse == 1,
-    max_calls = max_calls, keep = math.max(failure_window, repeat_window)}
+    max_calls = max_calls, cooldown_max = cooldown_max,
+    keep = math.max(failure_window, repeat_window)}
 end
 
 local function load_loops(key)
@@ -713,14 +716,15 @@ local function load_loops(key)
   if not s then return calls end
   if #s % LOOP_SIZE ~= 0 then error('tokenfuse: ' .. key .. ' holds no tokenfuse loop state') end
   for at = 1, #s, LOOP_SIZE do
-    local last_seen, sends, sends_since, failures, failures_since, open_until, status =
-      unpack_doubles(LOOP_FORMAT, s, at + LOOP_PRINT + LOOP_ERROR)
+    local last_seen, sends, sends_since, failures, failures_since, open_until, status, strikes,
+      last_trip = unpack_doubles(LOOP_FORMAT, s, at + LOOP_PRINT + LOOP_ERROR)
     calls[#calls + 1] = {
       fingerprint = string.sub(s, at, at + LOOP_PRINT - 1),
       error = (string.gsub(string.sub(s, at + LOOP_PRINT, at + LOOP_PRINT + LOOP_ERROR - 1),
         ' +$', '')),
       last_seen = last_seen, sends = sends, sends_since = sends_since, failures = failures,
       failures_since = failures_since, open_until = open_until, status = status,
+      strikes = strikes, last_trip = last_trip,
     }
   end
   return calls
@@ -740,8 +744,10 @@ local function save_loops(key, ttl, calls, now, p)
   for i, c in ipairs(calls) do
     parts[i] = c.fingerprint .. c.error .. string.rep(' ', LOOP_ERROR - #c.error)
       .. pack(LOOP_FORMAT, c.last_seen, c.sends, c.sends_since, c.failures, c.failures_since,
-        c.open_until, c.status)
-    if p then last = math.max(last, c.last_seen + p.keep, c.open_until) end
+        c.open_until, c.status, c.strikes, c.last_trip)
+    if p then
+      last = math.max(last, c.last_seen + p.keep, c.open_until, c.last_trip + ESCALATION_WINDOW)
+    end
   end
   local px = tonumber(ttl)
   if p then px = math.min(px, math.ceil((last - now) * 1000) + LOOP_GRACE) end
@@ -751,7 +757,10 @@ end
 local function prune_loops(calls, now, p)
   local kept = {}
   for _, c in ipairs(calls) do
-    if now - c.last_seen <= p.keep or c.open_until > now then kept[#kept + 1] = c end
+    if now - c.last_seen <= p.keep or c.open_until > now
+      or (c.last_trip > 0 and now - c.last_trip <= ESCALATION_WINDOW) then
+      kept[#kept + 1] = c
+    end
   end
   return kept
 end
@@ -778,7 +787,8 @@ local function loop_call(calls, fingerprint, now, p)
   end
   while #calls >= p.max_calls do evict_loop(calls, now) end
   local c = {fingerprint = fingerprint, error = '', last_seen = now, sends = 0.0,
-    sends_since = 0.0, failures = 0.0, failures_since = 0.0, open_until = 0.0, status = 0.0}
+    sends_since = 0.0, failures = 0.0, failures_since = 0.0, open_until = 0.0, status = 0.0,
+    strikes = 0.0, last_trip = 0.0}
   calls[#calls + 1] = c
   return c
 end
@@ -844,7 +854,13 @@ local function note_loop(calls, fingerprint, failed, status, err, now, p)
   c.status = status
   c.error = err
   if c.failures >= p.failures and c.open_until <= 0 then
-    c.open_until = now + p.cooldown
+    if c.last_trip > 0 and now - c.last_trip <= ESCALATION_WINDOW then
+      c.strikes = math.min(c.strikes + 1, MAX_STRIKES)
+    else
+      c.strikes = 0.0
+    end
+    c.last_trip = now
+    c.open_until = now + math.min(p.cooldown * 2 ^ c.strikes, p.cooldown_max)
     return loop_refused(c, now, p, 1, 1)
   end
   return loop_verdict(1, 0, 0, 0, c.failures, p.failure_window, 0.0, c.failures, status, err)

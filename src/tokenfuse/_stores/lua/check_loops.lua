@@ -5,8 +5,8 @@ KEYS[1]  the identity's loop string  <prefix>:loops:{<key>}
 ARGV[1]  now: epoch seconds as a decimal string; '' = the server's TIME
 ARGV[2]  ttl of the string, milliseconds
 ARGV[3]  the call's fingerprint (16 hex characters)
-ARGV[4]  loop policy: 7 little-endian doubles: failures, failure_window s, cooldown s,
-         repeats, repeat_window s, refuse_repeats (0/1), max_calls
+ARGV[4]  loop policy: 8 little-endian doubles: failures, failure_window s, cooldown s,
+         repeats, repeat_window s, refuse_repeats (0/1), max_calls, cooldown_max s
 
 Calls TIME (unless ARGV[1] is given), GET, and SET ... PX (DEL when no call is left): the
 string lives an hour past its last call's end, at most the ttl.
