@@ -42,9 +42,7 @@ def policies(draw: st.DrawFn) -> LoopPolicy:
         failures=draw(st.integers(2, 5)),
         failure_window=draw(st.sampled_from([120.0, 1.0]) | st.floats(0.5, 600, **finite)),
         cooldown=cooldown,
-        cooldown_max=min(
-            cooldown * draw(st.sampled_from([1.0, 8.0, 1e6]) | st.floats(1, 50)), 86_400
-        ),
+        cooldown_max=min(cooldown * multiple, 86_400),
         repeats=draw(st.integers(2, 6)),
         repeat_window=draw(st.sampled_from([60.0, 2.0]) | st.floats(0.5, 600, **finite)),
         refuse_repeats=draw(st.booleans()),
