@@ -14,9 +14,10 @@ A body that is not JSON, or larger than ``PARSE_LIMIT``, is hashed as bytes (at 
 
 **State.** Per identity, at most ``max_calls`` recent calls (``LoopCall``), each with its
 fingerprint, its sends in the repeat window, its failures in the failure window and, once it
-tripped, until when it is refused. A call untouched for longer than both windows (and not
-refused) is forgotten; a new call in a full table replaces the least recently seen one that is
-not refused (or, when all are, the least recently seen).
+tripped, until when it is refused and how often it tripped lately. A call untouched for
+longer than both windows (neither refused nor tripped within ``ESCALATION_WINDOW``) is
+forgotten; a new call in a full table replaces the least recently seen one that is not
+refused (or, when all are, the least recently seen).
 
 **Rules.**
 
