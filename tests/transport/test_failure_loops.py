@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -504,7 +505,7 @@ def test_a_wrong_policy_type_is_refused() -> None:
         b'data: {"type":"response.failed","response":{}}\n\n',
     ],
 )
-def test_an_error_mark_split_across_two_chunks_anywhere_is_found(body: bytes) -> None:
+def test_an_error_mark_split_across_chunks_anywhere_is_found(body: bytes) -> None:
     from tokenfuse._loops import CallName
     from tokenfuse._transport.loop_step import LoopWatch
 
@@ -513,7 +514,45 @@ def test_an_error_mark_split_across_two_chunks_anywhere_is_found(body: bytes) ->
         watch.feed(body[:cut])
         watch.feed(body[cut:])
         assert watch.marked, cut
+    rng = random.Random(7)  # and in pieces of any size, a few bytes each included
+    for _ in range(500):
+        cuts = sorted(rng.sample(range(1, len(body)), rng.randint(2, 12)))
+        watch = LoopWatch(Identity.named("a"), CallName("0" * 16, "POST", "/"), False)
+        for start, end in zip([0, *cuts], [*cuts, len(body)], strict=True):
+            watch.feed(body[start:end])
+        assert watch.marked, cuts
     clean = LoopWatch(Identity.named("a"), CallName("0" * 16, "POST", "/"), False)
     for part in (b'data: {"text":"an err', b'or in the text is no error event"}\n\n'):
         clean.feed(part)
     assert not clean.marked
+
+
+@pytest.mark.parametrize("lib", [httpx, httpx2], ids=["httpx", "httpx2"])
+async def test_async_streams_are_watched_too(fuse: Fuse, lib: Any) -> None:
+    body = b'data: {"choices":[]}\n\ndata: {"error": {"type": "server_error"}}\n\n'
+    sent = []
+
+    async def chunks() -> Any:
+        for part in split(body, "random"):
+            yield part
+
+    class Stream(lib.AsyncByteStream):  # type: ignore[misc, name-defined]
+        def __aiter__(self) -> Any:
+            return chunks()
+
+    def handler(request: Any) -> Any:
+        sent.append(request)
+        return lib.Response(200, headers={"content-type": "text/event-stream"}, stream=Stream())
+
+    transport = AsyncFuseTransport(lib.MockTransport(handler), fuse=fuse)
+    url = "https://api.openai.com/v1/chat/completions"
+    async with lib.AsyncClient(transport=transport) as client:
+        for _ in range(3):
+            async with client.stream("POST", url, json={}) as response:
+                await response.aread()
+        with pytest.raises(FailureLoop) as caught:
+            await client.post(url, json={})
+    assert len(sent) == 3 and caught.value.error == "stream_error"
+    aclose = getattr(fuse.store, "aclose", None)
+    if aclose is not None:
+        await aclose()

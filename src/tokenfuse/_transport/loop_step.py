@@ -161,19 +161,19 @@ class LoopWatch:
             self._kept += len(part)
         if self.marked:
             return
-        previous = self.carry  # the previous chunk itself: kept, not copied
+        # ``carry`` ends with the last _CARRY bytes seen (a long chunk is kept as it is, not
+        # copied): a mark ending in this chunk lies within ``carry + chunk``. Every mark holds
+        # a word of _WORDS, found in the chunk, across its border, or (``pending``) in the
+        # carried bytes, where a mark may have begun.
+        carry = self.carry
         hit = b"error" in chunk or b"failed" in chunk
-        split = bool(previous) and previous[-1] in _WORD_BYTES and _split_word(previous, chunk)
-        if hit or self.pending or split:
-            window = previous[-_CARRY:] + chunk
+        split = bool(carry) and carry[-1] in _WORD_BYTES and _split_word(carry, chunk)
+        if hit or split or self.pending:
+            window = carry + chunk
             self.marked = any(mark in window for mark in _STREAM_ERRORS)
-        # A word near the end may be the start of a mark the next chunk finishes.
-        if hit:
-            end = chunk[-_CARRY:]
+            end = window[-_CARRY:]
             self.pending = b"error" in end or b"failed" in end
-        else:
-            self.pending = False
-        self.carry = chunk
+        self.carry = chunk if len(chunk) >= _CARRY else (carry + chunk)[-_CARRY:]
 
 
 class LoopStep:
