@@ -556,3 +556,22 @@ async def test_async_streams_are_watched_too(fuse: Fuse, lib: Any) -> None:
     aclose = getattr(fuse.store, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def test_sdk_retries_are_checked_but_their_failures_not_counted_again(fuse: Fuse) -> None:
+    def failing(request: Any) -> Any:
+        return httpx.Response(500, json={"error": {"type": "server_error"}})
+
+    url = "https://api.openai.com/v1/chat/completions"
+    body = {"model": "m", "messages": MESSAGES}
+    with httpx.Client(transport=FuseTransport(httpx.MockTransport(failing), fuse=fuse)) as c:
+
+        def attempt(retry: int) -> int:
+            headers = {"x-stainless-retry-count": str(retry)}
+            return c.post(url, json=body, headers=headers).status_code
+
+        assert [attempt(n) for n in (0, 1, 2)] == [500] * 3  # one call, tried three times
+        assert [attempt(n) for n in (0, 1, 2)] == [500] * 3  # two failures so far
+        assert attempt(0) == 500  # the third call's first try: the third failure trips
+        with pytest.raises(FailureLoop):
+            attempt(1)  # its retry is refused before it leaves

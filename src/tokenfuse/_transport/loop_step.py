@@ -14,8 +14,10 @@ event; a failure is noted (``NoteLoop``: it may trip the call), and so is a succ
 earlier failures (only then: most calls cost no second round trip). A body still to be read
 is watched as it streams past, and noted when it ends or is closed.
 
-Not checked: requests without a body in memory (a streamed upload, a GET), and an SDK's own
-retries of a call (``x-stainless-retry-count`` above 0): the call was checked once.
+Not checked: requests without a body in memory (a streamed upload, a GET). An SDK's own
+retries of a call (``x-stainless-retry-count`` above 0) are checked (a tripped call's retries
+are refused too) and count as sends, but their failures are not counted again: one call that
+the SDK tries three times against a failing server is one failure, not a loop.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-from .._core.loops import parsed_body
+from .._core.loops import LoopVerdict, parsed_body
 from .._core.tool_history import tool_calls, tool_loop
 from .._events import logger
 from .._fuse import Fuse
@@ -176,6 +178,15 @@ class LoopWatch:
         self.carry = chunk if len(chunk) >= _CARRY else (carry + chunk)[-_CARRY:]
 
 
+def _watch(
+    identity: Identity, call: CallName, verdict: LoopVerdict | None, request: Any
+) -> LoopWatch | None:
+    """The watch of a call that was let through; None for an SDK's retry (not noted again)."""
+    if _is_retry(request):
+        return None
+    return LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+
+
 class LoopStep:
     """The transport's failure-loop step (None policy: a step that does nothing)."""
 
@@ -190,7 +201,7 @@ class LoopStep:
 
     def _name(self, request: Any) -> tuple[CallName, Any] | None:
         body = sent_body(request)
-        if not body or _is_retry(request) or self.breaker is None:
+        if not body or self.breaker is None:
             return None
         url = request.url
         try:
@@ -223,7 +234,7 @@ class LoopStep:
         self._tool_loop(identity, call, parsed, request)
         decision, verdict = self.breaker.check(identity, call)
         self._gate.check(decision, request)
-        return LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+        return _watch(identity, call, verdict, request)
 
     async def abefore(self, identity: Identity, request: Any) -> LoopWatch | None:
         named = self._name(request)
@@ -233,7 +244,7 @@ class LoopStep:
         self._tool_loop(identity, call, parsed, request)
         decision, verdict = await self.breaker.acheck(identity, call)
         self._gate.check(decision, request)
-        return LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+        return _watch(identity, call, verdict, request)
 
     # -- after the response -------------------------------------------------------------------
 
