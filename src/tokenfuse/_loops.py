@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -197,6 +200,9 @@ class LoopBreaker:
         self.fuse = fuse
         self.policy = policy
         self.core = policy.core
+        # Tool-call loops are refused on every request that shows them, with no store to say
+        # "reported already": one event per call a minute, in this process (bounded).
+        self._tool_events = _OncePer(_TOOL_EVENT_EVERY, _TOOL_EVENT_KEYS)
 
     def name(
         self,
@@ -299,7 +305,8 @@ class LoopBreaker:
             reason="tool_loop",
         )
         key_id = self.fuse.key_id(identity)
-        self.emit("failure_loop", identity, key_id, error_)
+        if self._tool_events.take(f"{key_id}:{call.fingerprint}"):
+            self.emit("failure_loop", identity, key_id, error_)
         decision = Decision(
             key=identity.label,
             key_id=key_id,
@@ -330,6 +337,33 @@ def _forget_op(who: str | Identity | FailureLoop, fuse: Fuse) -> tuple[ForgetLoo
         return ForgetLoops(who.store_key, who.fingerprint), who.key, who.key_id or "?"
     identity = Identity.of(who)
     return ForgetLoops(fuse._key(identity)), identity.label, fuse.key_id(identity)
+
+
+#: A tool-call loop of one call is reported at most once a minute (per process).
+_TOOL_EVENT_EVERY = 60.0
+_TOOL_EVENT_KEYS = 1_024
+
+
+class _OncePer:
+    """At most one ``take`` a period per name, for at most ``names`` names (the oldest go)."""
+
+    def __init__(self, period: float, names: int) -> None:
+        self.period = period
+        self.names = names
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, name: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(name)
+            if last is not None and now - last < self.period:
+                return False
+            self._last[name] = now
+            self._last.move_to_end(name)
+            while len(self._last) > self.names:
+                self._last.popitem(last=False)
+            return True
 
 
 def forget_loops(who: str | Identity | FailureLoop, *, fuse: Fuse | None = None) -> int:

@@ -575,3 +575,34 @@ def test_sdk_retries_are_checked_but_their_failures_not_counted_again(fuse: Fuse
         assert attempt(0) == 500  # the third call's first try: the third failure trips
         with pytest.raises(FailureLoop):
             attempt(1)  # its retry is refused before it leaves
+
+
+def test_a_tool_loop_refused_again_and_again_is_reported_once_a_minute(fuse: Fuse) -> None:
+    seen: list[FuseEvent] = []
+    fuse.on_event(seen.append)
+    client = openai_client(fuse, Stub(status=200))
+    history: list[Any] = [{"role": "user", "content": "weather in Paris?"}]
+    for n in range(3):
+        history += openai_tool_turn(n, "Paris", "Error: upstream timeout")
+    for _ in range(5):
+        with pytest.raises(FailureLoop):
+            ask_openai(client, history)
+    assert [event.kind for event in seen] == ["failure_loop"]
+
+
+def test_a_failure_loop_survives_pickling(fuse: Fuse) -> None:
+    import pickle
+
+    client = openai_client(fuse, Stub())
+    for _ in range(3):
+        with pytest.raises(openai.BadRequestError):
+            ask_openai(client)
+    with pytest.raises(FailureLoop) as caught:
+        ask_openai(client)
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert type(copy) is FailureLoop and str(copy) == str(caught.value)
+    assert (copy.call, copy.count, copy.store_key) == (
+        caught.value.call,
+        caught.value.count,
+        caught.value.store_key,
+    )
