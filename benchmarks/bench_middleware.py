@@ -58,9 +58,10 @@ def bare() -> Starlette:
     return Starlette(routes=[Route("/tool", tool, methods=["POST"])])
 
 
-def with_tokenfuse(store: Any, lease: bool = False) -> Starlette:
+def with_tokenfuse(store: Any, *, lease: bool = False, loops: bool = True) -> Starlette:
     fuse = inbound_fuse(store, bucket=BUCKET, velocity=CALL_VELOCITY)
-    middleware = [Middleware(TokenFuse, fuse=fuse, lease=lease)]
+    options: dict[str, Any] = {} if loops else {"failure_loops": None}
+    middleware = [Middleware(TokenFuse, fuse=fuse, lease=lease, **options)]
     return Starlette(routes=[Route("/tool", tool, methods=["POST"])], middleware=middleware)
 
 
@@ -136,6 +137,9 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
         "TokenFuse (MemoryStore)": with_tokenfuse(MemoryStore()),
         "TokenFuse (RedisStore)": with_tokenfuse(redis_store),
         LEASED: with_tokenfuse(redis_store, lease=True),
+        # the failure-loop breaker off: what its check (one more script) costs
+        "TokenFuse (MemoryStore, failure_loops=None)": with_tokenfuse(MemoryStore(), loops=False),
+        "TokenFuse (RedisStore, failure_loops=None)": with_tokenfuse(redis_store, loops=False),
         "slowapi (memory)": with_slowapi("memory://", prefix),
         "slowapi (redis)": with_slowapi(redis_url, prefix),
     }
@@ -163,7 +167,7 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
         print(f"lease mode: {leases.counts}\n")
         await redis_store.aclose()
         await ping_client.aclose()
-        delete_keys(redis_url, f"{prefix}:*")
+        delete_keys(redis_url, f"{prefix}:*")  # the loop strings too: <prefix>:loops:{...}
         delete_keys(redis_url, f"LIMITS:*{prefix}*")
 
 
@@ -171,7 +175,7 @@ def report(times: dict[str, list[float]]) -> None:
     base = percentile(times["bare Starlette endpoint"], 50)
     requests = len(times["bare Starlette endpoint"])
     print(f"{requests} requests per case, taking turns, microseconds per request\n")
-    print(f"{'case':28s} {'p50':>8s} {'p99':>8s} {'added p50':>10s}")
+    print(f"{'case':44s} {'p50':>8s} {'p99':>8s} {'added p50':>10s}")
     added: dict[str, float] = {}
     for name, values in times.items():
         p50 = percentile(values, 50)
@@ -179,7 +183,7 @@ def report(times: dict[str, list[float]]) -> None:
         extra = "" if name.startswith("bare") or name in REFERENCES else f"{added[name]:10.1f}"
         if name in REFERENCES:
             name = f"(ref) {name}"
-        print(f"{name:28s} {p50:8.1f} {percentile(values, 99):8.1f} {extra}")
+        print(f"{name:44s} {p50:8.1f} {percentile(values, 99):8.1f} {extra}")
     print()
     for store in ("memory", "redis"):
         ours = added["TokenFuse (MemoryStore)" if store == "memory" else "TokenFuse (RedisStore)"]

@@ -34,7 +34,7 @@ import httpx
 from harness import delete_keys, interleave, median, options, percentile, unique_prefix
 
 from tokenfuse import Fuse, MemoryStore, VelocityPolicy
-from tokenfuse._transport import FuseTransport
+from tokenfuse._transport import FailureLoopPolicy, FuseTransport
 
 POLICY = VelocityPolicy(cold_start_limit=None)  # never refuses: we time the checks, not a trip
 STREAM_CHUNKS = 2_000
@@ -138,16 +138,18 @@ def _mock_handler(request: httpx.Request) -> httpx.Response:
 def in_process(rounds: int) -> None:
     mock = httpx.MockTransport(_mock_handler)
     guarded = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY))
+    no_loops = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY), failure_loops=None)
     clients = {
         "unguarded": httpx.Client(headers=HEADERS, transport=mock),
         "guarded": httpx.Client(headers=HEADERS, transport=guarded),
+        GUARDED_NO_LOOPS: httpx.Client(headers=HEADERS, transport=no_loops),
     }
     url = "http://127.0.0.1:8000/v1/chat/completions"
 
     cases = {"JSON call": (chat, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (chat_stream, 3)}
     print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us)\n")
-    print("| body | unguarded | guarded | added (median of rounds) | added (fastest rounds) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| body | guard | unguarded | guarded | added (median of rounds) | added (fastest) |")
+    print("|---|---|---:|---:|---:|---:|")
     for name, (run, batch) in cases.items():
 
         def batch_of(client: httpx.Client, run: Any = run, batch: int = batch) -> None:
@@ -157,19 +159,25 @@ def in_process(rounds: int) -> None:
         batches = {case: (lambda c=client: batch_of(c)) for case, client in clients.items()}
         times = asyncio.run(interleave(batches, rounds, warmup=5))
         plain = [us / batch for us in times["unguarded"]]
-        guard = [us / batch for us in times["guarded"]]
-        added = median([g - p for g, p in zip(guard, plain, strict=True)])
-        print(
-            f"| {name} | {median(plain):,.1f} | {median(guard):,.1f} "
-            f"| {added:+,.1f} | {min(guard) - min(plain):+,.1f} |"
-        )
+        for case in ("guarded", GUARDED_NO_LOOPS):
+            guard = [us / batch for us in times[case]]
+            added = median([g - p for g, p in zip(guard, plain, strict=True)])
+            print(
+                f"| {name} | {case} | {median(plain):,.1f} | {median(guard):,.1f} "
+                f"| {added:+,.1f} | {min(guard) - min(plain):+,.1f} |"
+            )
 
 
-#: The RedisStore cases: (label, open-key view, how usage is recorded).
+#: The same guard with the failure-loop breaker off: what the breaker's step costs.
+GUARDED_NO_LOOPS = "guarded, failure_loops=None"
+
+
+#: The RedisStore cases: (label, open-key view, how usage is recorded, failure-loop breaker).
 REDIS_CASES = [
-    ("RedisStore, round-trip gate", False, "inline"),
-    ("RedisStore, open-key view", True, "inline"),
-    ("RedisStore, open-key view, background record", True, "background"),
+    ("RedisStore, round-trip gate", False, "inline", True),
+    ("RedisStore, open-key view", True, "inline", True),
+    ("RedisStore, open-key view, failure_loops=None", True, "inline", False),
+    ("RedisStore, open-key view, background record", True, "background", True),
 ]
 
 
@@ -178,17 +186,23 @@ def guarded_clients(redis_url: str, fuse_name: str) -> dict[str, httpx.Client]:
     clients: dict[str, httpx.Client] = {"unguarded": httpx.Client(headers=HEADERS)}
     memory = Fuse(MemoryStore(), velocity=POLICY)
     clients["MemoryStore"] = httpx.Client(headers=HEADERS, transport=FuseTransport(fuse=memory))
+    plain = FuseTransport(fuse=Fuse(MemoryStore(), velocity=POLICY), failure_loops=None)
+    clients["MemoryStore, failure_loops=None"] = httpx.Client(headers=HEADERS, transport=plain)
     try:
         from tokenfuse._stores.redis import RedisStore
 
-        for label, view, record in REDIS_CASES:
+        for label, view, record, loops in REDIS_CASES:
             store = RedisStore.from_url(redis_url, open_keys=view)
             redis_fuse = Fuse(store, velocity=POLICY, name=fuse_name)
             if redis_fuse.record("probe", 1).degraded:
                 raise ConnectionError(f"no Redis at {redis_url}")
             if store.open_keys is not None and not store.open_keys.wait_synced(10):
                 raise ConnectionError("the open-key view did not sync")
-            transport = FuseTransport(fuse=redis_fuse, record=record)  # type: ignore[arg-type]
+            transport = FuseTransport(
+                fuse=redis_fuse,
+                record=record,  # type: ignore[arg-type]
+                failure_loops=FailureLoopPolicy() if loops else None,
+            )
             clients[label] = httpx.Client(headers=HEADERS, transport=transport)
     except Exception as exc:  # report the other rows anyway
         print(f"(RedisStore rows skipped: {exc})")
@@ -217,6 +231,7 @@ def over_the_network(redis_url: str, calls: int, streams: int) -> None:
         process.terminate()
         process.wait()
         delete_keys(redis_url, f"tokenfuse:{{{fuse_name}:*")
+        delete_keys(redis_url, f"tokenfuse:loops:{{{fuse_name}:*")
     report_latency({case: [us / 1000 for us in values] for case, values in latency.items()})
     report_throughput(
         {case: [STREAM_CHUNKS / us * 1e6 for us in values] for case, values in stream_us.items()}

@@ -6,7 +6,8 @@
     ├── FuseTripped            a refusal: the key is over a limit or its fuse is open
     │   ├── LoopSuspected      the key's rate is far above its own normal (``loop_*``)
     │   ├── CeilingExceeded    rate above a manual, cold-start or the key's own ceiling
-    │   └── QuotaExhausted     the caller's token bucket is empty
+    │   ├── QuotaExhausted     the caller's token bucket is empty
+    │   └── FailureLoop        the same call keeps failing (or repeating): a stuck agent
     ├── StoreUnavailable       the store failed and the fuse was told to fail closed
     │   └── StoreBusy          only this process's connection pool was full (back-pressure)
     └── ConfigurationError     also a ``ValueError``: bad options, caught at construction
@@ -20,6 +21,7 @@ from __future__ import annotations
 __all__ = [
     "CeilingExceeded",
     "ConfigurationError",
+    "FailureLoop",
     "FuseTripped",
     "LoopSuspected",
     "QuotaExhausted",
@@ -241,3 +243,107 @@ class QuotaExhausted(FuseTripped):
             f"call quota exhausted for key {self.who}: the bucket of {_fmt(self.limit)} "
             f"{self.unit} refills at {_fmt(self.rate)}/s (retry in {_seconds(self.retry_after)})"
         )
+
+
+class FailureLoop(FuseTripped):
+    """The same call kept failing, or kept being sent: the agent is stuck, so it is refused.
+
+    ``reason`` says which loop: ``failure_loop`` (the same request failed ``count`` times
+    within ``window`` seconds), ``repeat_loop`` (the same request was sent ``count`` times
+    within ``window``, refused only when so configured), ``tool_loop`` (the conversation shows
+    the model asking for the same failing tool call, or alternating between two, ``count``
+    times). The common fields read ``rate`` = ``count`` and ``limit`` = the count that trips.
+
+    Attributes:
+        call: what was called, ``POST /v1/chat/completions #3f9a0c12`` (method, path and the
+            start of the call's fingerprint, a keyed hash: never the body itself).
+        fingerprint: the call's whole fingerprint (16 hex characters).
+        tool: the tool (or the two tools, ``a/b``) the loop is about, when known.
+        count: failures (or sends) counted.
+        status: the HTTP status of the last failure, when there was one.
+        error: the type of the last failure (``invalid_request_error``), at most 32 safe
+            characters; never a message, which may quote the request.
+        store_key: the identity's key in the store (a keyed hash, never the credential):
+            ``tokenfuse.forget_loops(error)`` lets this very call through again.
+    """
+
+    reason = "failure_loop"
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        call: str,
+        count: float,
+        limit: float,
+        window: float,
+        retry_after: float,
+        fingerprint: str = "",
+        tool: str | None = None,
+        status: int | None = None,
+        error: str | None = None,
+        reason: str | None = None,
+        key_id: str | None = None,
+        store_key: str | None = None,
+    ) -> None:
+        self.call = call
+        self.fingerprint = fingerprint
+        self.store_key = store_key
+        self.tool = tool
+        self.count = count
+        self.status = status
+        self.error = error
+        super().__init__(
+            key=key,
+            rate=count,
+            limit=limit,
+            retry_after=retry_after,
+            unit="calls",
+            reason=reason,
+            window=window,
+            key_id=key_id,
+        )
+
+    @property
+    def last_error(self) -> str:
+        """``HTTP 400 invalid_request_error``, ``HTTP 500``, ``tool error``; '' when none."""
+        parts = [f"HTTP {self.status}" if self.status else "", self.error or ""]
+        return " ".join(part for part in parts if part)
+
+    def describe(self) -> str:
+        tool = f" (tool {self.tool})" if self.tool else ""
+        last = f"; last error: {self.last_error}" if self.last_error else ""
+        within = _over(self.window)
+        if self.reason == "repeat_loop":
+            what = f"repeat loop: {self.call}{tool} was sent {_fmt(self.count)} times{within}"
+        elif self.reason == "tool_loop":
+            what = (
+                f"tool-call loop: the conversation sent to {self.call} shows the model asking "
+                f"for the same failing tool call{tool} {_fmt(self.count)} times in a row"
+            )
+        else:
+            what = f"failure loop: {self.call}{tool} failed {_fmt(self.count)} times{within}"
+        if self.reason == "repeat_loop" and self.retry_after <= 0:
+            advice = ' (reported, not refused: FailureLoopPolicy(on_repeat="refuse") refuses it)'
+        elif self.reason == "tool_loop":
+            advice = (
+                "; the agent is stuck on a tool error: change the arguments, fix the tool, "
+                "or stop the run"
+            )
+        else:
+            advice = (
+                f" (blocked for {_seconds(self.retry_after)}); the agent is stuck: change the "
+                "request, or let it through now with tokenfuse.forget_loops(this error)"
+            )
+        return f"{what} for key {self.who}{last}{advice}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            **super().as_dict(),
+            "call": self.call,
+            "fingerprint": self.fingerprint,
+            "tool": self.tool,
+            "count": self.count,
+            "status": self.status,
+            "error": self.error,
+        }

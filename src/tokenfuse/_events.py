@@ -27,6 +27,8 @@ EventKind = Literal[
     "forgiven",  # an operator taught the fuse that a trip was legitimate (Fuse.forgive)
     "reset",  # a key was closed and refilled by hand (``Fuse.reset``, tokenfuse.admin)
     "configured",  # a key's live limit or bucket was changed (``set_limit``, ``set_bucket``)
+    "failure_loop",  # the same call failed often enough to be refused (``FailureLoop``)
+    "repeat_loop",  # the same call was sent again and again (reported, or refused if so set)
 ]
 
 

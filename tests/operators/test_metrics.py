@@ -185,6 +185,25 @@ def test_lease_mode_counts_every_decision_once(scrape: Scrape, clock: Clock) -> 
     assert scrape.value("tokenfuse_refusals_total", reason="quota_exhausted", **inbound) == 3
 
 
+def test_failure_loops_are_counted_and_open_no_key(scrape: Scrape, clock: Clock) -> None:
+    def failing(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"type": "invalid_request_error"}})
+
+    client = guarded(Fuse(MemoryStore(clock=clock)), failing)
+    for _ in range(3):
+        chat(client)  # 400, 400, 400: the third trips the call
+    with pytest.raises(Exception, match="failure loop"):
+        chat(client)  # refused before sending
+    out = {"layer": "outbound", "fuse": "default"}
+    assert scrape.value("tokenfuse_trips_total", reason="failure_loop", **out) == 1
+    assert scrape.value("tokenfuse_refusals_total", reason="failure_loop", **out) == 2
+    assert (
+        scrape.value("tokenfuse_decisions_total", operation="check_loops", outcome="refused", **out)
+        == 1
+    )
+    assert scrape.value("tokenfuse_keys_open", fuse="default") == 0  # one call, not the key
+
+
 class FailingStore:
     def run(self, op: object) -> object:
         raise StoreUnavailable("down")
@@ -241,8 +260,9 @@ def test_metrics_add_no_store_round_trip(scrape: Scrape, clock: Clock) -> None:
     client = guarded(Fuse(store), openai_llm())
     for _ in range(10):
         chat(client)
-    assert Counting.runs == 20  # a gate and a record per call, as without metrics
-    assert sum(scrape.tally.snapshot()["decisions"].values()) == 20
+    # a gate, a failure-loop check and a record per call, as without metrics
+    assert Counting.runs == 30
+    assert sum(scrape.tally.snapshot()["decisions"].values()) == 30
 
 
 def test_a_failing_observer_never_breaks_a_call(

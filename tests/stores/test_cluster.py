@@ -167,3 +167,33 @@ def test_leases_on_every_node(cluster: RedisCluster, prefix: str, clock: Clock) 
     for n in range(len(IDENTITIES)):
         status = store.run(ReadStatus(keys[n], CEILING, bucket))
         assert (status.bucket_level, status.rate) == (20 - 3, 300.0)
+
+
+def test_loop_operations_on_every_node_in_their_identity_slot(
+    cluster: RedisCluster, prefix: str, clock: Clock
+) -> None:
+    """The failure-loop string shares its identity's hash tag: the same slot, so an identity's
+    gate and loop check go to one node, and one pipeline (``run_many``) serves both."""
+    from tokenfuse._core.loops import LoopPolicy
+    from tokenfuse._stores.ops import CheckLoops, ForgetLoops, NoteLoop
+    from tokenfuse._stores.redis_codec import loops_key_of
+
+    policy = LoopPolicy(failures=2)
+    mark = "0123456789abcdef"
+    store = RedisStore(cluster, prefix=prefix, clock=clock, open_keys=False)
+    try:
+        for identity in IDENTITIES:
+            slot = key_slot(loops_key_of(prefix, identity).encode())
+            assert slot == key_slot(key_of(prefix, identity).encode())
+            gate, check = store.run_many([Gate(identity), CheckLoops(identity, mark, policy)])
+            assert gate.allowed and check.allowed
+            store.run(NoteLoop(identity, mark, policy, True, 400, "bad"))
+            assert store.run(NoteLoop(identity, mark, policy, True, 400, "bad")).tripped
+            verdicts = store.run_many([Gate(identity), CheckLoops(identity, mark, policy)])
+            assert verdicts[0].allowed and not verdicts[1].allowed
+            assert verdicts[1].reason == "failure_loop" and verdicts[1].error == "bad"
+            assert store.run(ForgetLoops(identity)) == 1
+        assert len(owners(cluster, prefix)) == 3
+    finally:
+        for identity in IDENTITIES:
+            cluster.delete(loops_key_of(prefix, identity))

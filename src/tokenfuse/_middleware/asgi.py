@@ -12,6 +12,7 @@ from typing import Any
 from .._errors import StoreUnavailable
 from .._leases import Leases
 from .guard import Outcome
+from .loops import read_asgi_body
 from .mcp.mode import McpMode
 from .reply import Headers, Reply, unavailable
 from .report import parse_amount
@@ -19,6 +20,9 @@ from .request import AsgiRequest
 from .shell import InboundMiddleware
 
 __all__ = ["TokenFuse"]
+
+#: Where a guarded request's response status is kept in its scope, for the loop breaker.
+_STATUS = "tokenfuse.status"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -107,25 +111,39 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
         if outcome.reply is not None:
             await _send_reply(send, outcome.reply)
             return
-        send = self._with_headers(send, outcome)
+        watch = None
+        if self.guard.loops is not None:  # the failure-loop breaker (loops.py)
+            body, receive = await read_asgi_body(request, receive)
+            watch, reply = await self.guard.acheck_loops(plan, request, body)
+            if reply is not None:
+                await _send_reply(send, reply)
+                return
+        send = self._with_headers(send, outcome, scope if watch is not None else None)
         report = outcome.report
-        if report is None:
-            await self.app(scope, receive, send)
-            return
         try:
-            with report.active():
+            if report is None:
                 await self.app(scope, receive, send)
+                return
+            try:
+                with report.active():
+                    await self.app(scope, receive, send)
+            finally:
+                await self.guard.arecord(plan, report)
         finally:
-            await self.guard.arecord(plan, report)
+            if watch is not None and self.guard.loops is not None:  # status 500 if none sent
+                await self.guard.loops.anote(watch, scope.get(_STATUS, 500))
 
-    def _with_headers(self, send: Send, outcome: Outcome) -> Send:
+    def _with_headers(self, send: Send, outcome: Outcome, keep_status: Scope | None) -> Send:
         """``send``, adding the outcome's headers to the response and taking the tokens header
-        out of it (into the report, when counting tokens)."""
+        out of it (into the report, when counting tokens); the status is kept in
+        ``keep_status`` (the request's scope) for the failure-loop breaker."""
         extra = _encode(outcome.headers)
         tokens_header, report = self._tokens_header, outcome.report
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
+                if keep_status is not None:
+                    keep_status[_STATUS] = int(message.get("status", 500))
                 headers = []
                 for name, value in message.get("headers", ()):
                     if bytes(name).lower() == tokens_header:

@@ -11,10 +11,12 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .._core import bucket as _bucket
+from .._core import loops as _loops
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
 from .._core.bucket import BucketPolicy, BucketState
 from .._core.lease import LeaseVerdict, grant, settle
+from .._core.loops import LoopState, LoopVerdict
 from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
@@ -22,12 +24,15 @@ from .._events import logger
 from .event_log import MemoryEventLog
 from .ops import (
     Admit,
+    CheckLoops,
     Configure,
+    ForgetLoops,
     Forgive,
     Gate,
     KeyPage,
     Lease,
     ListKeys,
+    NoteLoop,
     Op,
     ReadState,
     ReadStatus,
@@ -57,12 +62,17 @@ class _Entry:
     expires: float = 0.0
     # The bucket policy of the key's last admission: what "depleted" means for its bucket.
     bucket_policy: BucketPolicy | None = None
+    # The failure-loop breaker's recent calls (``loops``), kept with the identity.
+    loops: LoopState | None = None
 
     def is_live(self, now: float) -> bool:
         """Whether evicting this entry would undo a decision: an open latch, a live override,
-        or a bucket drained below half (evicting it would hand its caller a full one)."""
+        a call the failure-loop breaker refuses, or a bucket drained below half (evicting it
+        would hand its caller a full one)."""
         if self.expires <= now:
             return False
+        if self.loops is not None and any(call.open_until > now for call in self.loops.calls):
+            return True
         velocity, bucket = self.velocity, self.bucket
         if velocity is not None and (velocity.open_until > now or velocity.limit_override >= 0):
             return True
@@ -283,6 +293,8 @@ class MemoryStore:
         statuses = []
         for key in keys[:count]:
             entry = self._entries[key]
+            if entry.velocity is None and entry.bucket is None and entry.loops is not None:
+                continue  # loop state only: RedisStore keeps it apart, unlisted, too
             if entry.expires > now:
                 statuses.append(
                     status_of(key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
@@ -316,6 +328,37 @@ class MemoryStore:
         if not isinstance(op.rate, Unset):
             entry.bucket.rate_override = -1.0 if op.rate is None else op.rate
 
+    def _check_loops(self, op: CheckLoops, now: float) -> LoopVerdict:
+        entry = self._entry(op.key, now)
+        if entry.loops is None:
+            entry.loops = LoopState()
+        return _loops.check(entry.loops, op.fingerprint, now, op.policy)
+
+    def _note_loop(self, op: NoteLoop, now: float) -> LoopVerdict:
+        entry = self._entry(op.key, now)
+        if entry.loops is None:
+            entry.loops = LoopState()
+        error = _loops.clean_error(op.error)  # as the codec sends it to Redis
+        return _loops.note(
+            entry.loops, op.fingerprint, op.failed, float(op.status), error, now, op.policy
+        )
+
+    def _forget_loops(self, op: ForgetLoops, now: float) -> int:
+        entry = self._entries.get(op.key)
+        if entry is None or entry.loops is None:
+            return 0
+        before = len(entry.loops.calls)
+        _loops.forget(entry.loops, op.fingerprint)
+        return before - len(entry.loops.calls)
+
+    def loop_state(self, key: str) -> LoopState | None:
+        """A copy of the key's failure-loop state (tests and operators), read only."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.loops is None:
+                return None
+            return LoopState([replace(call) for call in entry.loops.calls])
+
 
 #: How ``MemoryStore`` runs each operation.
 _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
@@ -331,6 +374,9 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     Forgive: MemoryStore._forgive,
     Configure: MemoryStore._configure,
     ReadState: MemoryStore._read_state,
+    CheckLoops: MemoryStore._check_loops,
+    NoteLoop: MemoryStore._note_loop,
+    ForgetLoops: MemoryStore._forget_loops,
 }
 
 

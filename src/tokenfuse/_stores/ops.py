@@ -20,18 +20,22 @@ from typing import ClassVar, Generic, TypeVar
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState
 from .._core.lease import LeaseVerdict
+from .._core.loops import LoopPolicy, LoopVerdict
 from .._core.status import Status
 from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
 
 __all__ = [
     "UNSET",
     "Admit",
+    "CheckLoops",
     "Configure",
+    "ForgetLoops",
     "Forgive",
     "Gate",
     "KeyPage",
     "Lease",
     "ListKeys",
+    "NoteLoop",
     "Op",
     "ReadState",
     "ReadStatus",
@@ -239,3 +243,43 @@ class ReadState(Op[StoredState]):
 
     name: ClassVar[str] = "status"
     key: str
+
+
+# -- the failure-loop breaker: an identity's recent calls, kept beside its state ----------------
+# ``key`` is the identity's storage key, as for the operations above; each store keeps the
+# calls apart from the identity's other state (``RedisStore``: ``<prefix>:loops:{<key>}``).
+
+
+@dataclass(slots=True)
+class CheckLoops(Op[LoopVerdict]):
+    """Before a call: is this call (``fingerprint``) refused as a loop? Counts it as a send,
+    which may make it a repeat loop (``loops.check``)."""
+
+    name: ClassVar[str] = "check_loops"
+    key: str
+    fingerprint: str
+    policy: LoopPolicy
+
+
+@dataclass(slots=True)
+class NoteLoop(Op[LoopVerdict]):
+    """After a call: count its failure (``status`` and ``error`` say what failed), or end its
+    failures; the failure that reaches the policy's count trips it (``loops.note``)."""
+
+    name: ClassVar[str] = "note_loop"
+    key: str
+    fingerprint: str
+    policy: LoopPolicy
+    failed: bool
+    status: int = 0
+    error: str = ""
+
+
+@dataclass(slots=True)
+class ForgetLoops(Op[int]):
+    """Forget one call of the identity (``fingerprint``), or every call (``""``): reopen what
+    the breaker refuses. The number of calls forgotten (``loops.forget``)."""
+
+    name: ClassVar[str] = "forget_loops"
+    key: str
+    fingerprint: str = ""

@@ -16,6 +16,16 @@ from typing import Any, Generic, TypeVar
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
 from .._core.lease import LeaseVerdict
+from .._core.loops import (
+    ERROR_LENGTH,
+    FINGERPRINT_LENGTH,
+    LOOP_REASONS,
+    LoopCall,
+    LoopPolicy,
+    LoopState,
+    LoopVerdict,
+    clean_error,
+)
 from .._core.status import Status, status_of
 from .._core.velocity import (
     LONG_SLOTS,
@@ -29,10 +39,13 @@ from .._core.velocity import (
 from .._errors import ConfigurationError
 from .ops import (
     Admit,
+    CheckLoops,
     Configure,
+    ForgetLoops,
     Forgive,
     Gate,
     Lease,
+    NoteLoop,
     Op,
     ReadState,
     ReadStatus,
@@ -48,12 +61,15 @@ __all__ = [
     "BUCKET_BLOCK",
     "BUCKET_LAYOUT",
     "CODECS",
+    "LOOP_CALL",
     "VELOCITY_BLOCK",
     "VELOCITY_LAYOUT",
     "VELOCITY_RINGS",
     "Codec",
     "bucket_state",
     "key_of",
+    "loop_state",
+    "loops_key_of",
     "states_of",
     "velocity_state",
 ]
@@ -102,6 +118,46 @@ def key_of(prefix: str, key: str) -> str:
         # '{}' is no hash tag at all: the slot would be the whole name's.
         raise ConfigurationError("store keys must not be empty")
     return f"{prefix}:{{{key}}}"
+
+
+def loops_key_of(prefix: str, key: str) -> str:
+    """The identity's failure-loop string, ``<prefix>:loops:{<key>}``: apart from its state
+    (no listing or state script ever reads it), in the same slot (the same hash tag)."""
+    return f"{prefix}:loops:{key_of('', key)[1:]}"
+
+
+# The failure-loop string (lua/_lib.lua, "The failure-loop breaker"): one record per call,
+# oldest first: the fingerprint (16 hex characters), the last error type (32 characters,
+# padded with spaces), then 9 doubles: last_seen, sends, sends_since, failures,
+# failures_since, open_until, status, strikes, last_trip. 120 bytes a call, at most max_calls
+# (16) of them; the
+# string expires an hour after its last call would be forgotten (at most the store's TTL).
+LOOP_CALL = struct.Struct(f"<{FINGERPRINT_LENGTH}s{ERROR_LENGTH}s9d")
+
+
+def loop_state(raw: bytes | None) -> LoopState:
+    """The core's loop state from an identity's failure-loop string (a raw ``GET``)."""
+    calls = []
+    for at in range(0, len(raw or b"") // LOOP_CALL.size * LOOP_CALL.size, LOOP_CALL.size):
+        mark, error, *numbers = LOOP_CALL.unpack_from(raw or b"", at)
+        (last_seen, sends, sends_since, failures, failures_since, open_until, status, strikes,
+         last_trip) = numbers  # fmt: skip
+        calls.append(
+            LoopCall(
+                mark.decode("ascii"),
+                last_seen,
+                sends,
+                sends_since,
+                failures,
+                failures_since,
+                open_until,
+                status,
+                error.decode("ascii").rstrip(" "),
+                strikes,
+                last_trip,
+            )
+        )
+    return LoopState(calls)
 
 
 def velocity_state(numbers: Sequence[float], limit_override: float = -1.0) -> VelocityState:
@@ -194,6 +250,41 @@ def _bucket_policy(policy: BucketPolicy | None) -> bytes:
     return _BUCKET_POLICY.pack(
         policy.rate, policy.capacity, policy.near_limit_fraction, policy.near_limit_after
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _loop_policy(policy: LoopPolicy) -> bytes:
+    return struct.pack(
+        "<8d",
+        policy.failures,
+        policy.failure_window,
+        policy.cooldown,
+        policy.repeats,
+        policy.repeat_window,
+        1.0 if policy.refuse_repeats else 0.0,
+        policy.max_calls,
+        policy.cooldown_max,
+    )
+
+
+def _fingerprint(mark: str) -> str:
+    if len(mark) != FINGERPRINT_LENGTH or mark.strip("0123456789abcdef"):
+        raise ConfigurationError(f"a loop fingerprint is {FINGERPRINT_LENGTH} hex characters")
+    return mark
+
+
+def _check_loops_args(op: CheckLoops, now: str, ttl: str) -> Args:
+    return (now, ttl, _fingerprint(op.fingerprint), _loop_policy(op.policy))
+
+
+def _note_loop_args(op: NoteLoop, now: str, ttl: str) -> Args:
+    failed = "1" if op.failed else "0"
+    mark, policy = _fingerprint(op.fingerprint), _loop_policy(op.policy)
+    return (now, ttl, mark, policy, failed, _number(op.status), clean_error(op.error))
+
+
+def _forget_loops_args(op: ForgetLoops, now: str, ttl: str) -> Args:
+    return (ttl, _fingerprint(op.fingerprint) if op.fingerprint else "")
 
 
 def _override(value: float | None | Unset) -> str:
@@ -322,12 +413,36 @@ def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
     return status_of(op.key, state.velocity, state.bucket, state.now, op.velocity, op.bucket)
 
 
+def _loop_verdict(op: CheckLoops | NoteLoop, reply: bytes | str) -> LoopVerdict:
+    allowed, reason, tripped, repeated, count, window, retry_after, failures, status, error = (
+        reply.split()
+    )
+    text = error.decode("ascii") if isinstance(error, bytes) else error
+    return LoopVerdict(
+        allowed=int(allowed) == 1,
+        reason=LOOP_REASONS.get(int(reason)),
+        tripped=int(tripped) == 1,
+        repeated=int(repeated) == 1,
+        count=float(count),
+        window=float(window),
+        retry_after=float(retry_after),
+        failures=float(failures),
+        status=float(status),
+        error="" if text == "-" else text,
+    )
+
+
+def _forgotten(op: ForgetLoops, reply: Any) -> int:
+    return int(reply)
+
+
 def _nothing(op: Reset | Forgive | Configure, reply: object) -> None:
     return None
 
 
 # -- one codec per operation ----------------------------------------------------------------------
 
+Key = Callable[[str, str], str]
 OpT = TypeVar("OpT", bound=Op[Any])
 T = TypeVar("T")
 
@@ -341,6 +456,8 @@ class Codec(Generic[OpT, T]):
     in milliseconds, both as text."""
     result: Callable[[OpT, Any], T]
     """The operation's result from the script's reply."""
+    key: Key = key_of
+    """The Redis key the script works on, from the store's prefix and the operation's key."""
 
 
 #: Every operation ``RedisStore`` runs, with its codec; ``redis_scripts`` loads their scripts.
@@ -356,4 +473,7 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     Reset: Codec(_ttl_only, _nothing),
     Forgive: Codec(_ttl_only, _nothing),
     Configure: Codec(_configure_args, _nothing),
+    CheckLoops: Codec(_check_loops_args, _loop_verdict, loops_key_of),
+    NoteLoop: Codec(_note_loop_args, _loop_verdict, loops_key_of),
+    ForgetLoops: Codec(_forget_loops_args, _forgotten, loops_key_of),
 }

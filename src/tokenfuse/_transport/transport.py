@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Fuse, default_fuse
+from .._loops import FailureLoopPolicy
 from .._usage import ExtractorRegistry
 from .._usage.request import ERROR_HEAD
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
+from .loop_step import LoopStep
 from .meter import Meter, Metering
 from .recorder import Recorder
 from .refusal import Gatekeeper
@@ -96,6 +98,17 @@ def _serving_fuse(fuse: Fuse | None, *, sync: bool) -> Fuse:
 
 RecordMode = Literal["inline", "background"]
 
+#: ``failure_loops``' default: the breaker on, with its default policy.
+_DEFAULT_LOOPS = FailureLoopPolicy()
+
+
+def _loop_policy(policy: FailureLoopPolicy | None) -> FailureLoopPolicy | None:
+    if policy is not None and not isinstance(policy, FailureLoopPolicy):
+        raise ConfigurationError(
+            f"failure_loops must be a FailureLoopPolicy or None, not {type(policy).__name__}"
+        )
+    return policy
+
 
 def _recorder(fuse: Fuse, record: RecordMode) -> Recorder | None:
     if record == "background":
@@ -154,8 +167,12 @@ class FuseTransport(_SyncBase):
         shadow: decide, count and report, but never refuse: a call the gate would refuse is
             sent anyway and logged (at most a line a second), as the middleware's shadow mode
             does. Default: ``TOKENFUSE_SHADOW`` (off).
+        failure_loops: the failure-loop breaker's policy (``FailureLoopPolicy``): the same
+            call failing again and again, a conversation stuck on a failing tool call, the
+            same request sent again and again. On by default; ``None`` turns it off.
 
-    Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``); the
+    Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``,
+    ``FailureLoop``); the
     report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
     """
 
@@ -170,11 +187,13 @@ class FuseTransport(_SyncBase):
         inject_usage: bool = True,
         record: RecordMode = "inline",
         shadow: bool | None = None,
+        failure_loops: FailureLoopPolicy | None = _DEFAULT_LOOPS,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -197,12 +216,14 @@ class FuseTransport(_SyncBase):
         identity = self._identify(request)
         gate = self.fuse.gate(identity)
         self._gate.check(gate, request)
+        watch = self._loops.before(identity, request)  # failure-loop breaker (loop_step)
         response, sent = self._send(flavor, request)
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = sync_stream_type(flavor)(response.stream, meter, self._settle)
         else:
             self._settle(meter, True)
+        self._loops.after(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
     def close(self) -> None:
@@ -280,11 +301,13 @@ class AsyncFuseTransport(_AsyncBase):
         inject_usage: bool = True,
         record: RecordMode = "inline",
         shadow: bool | None = None,
+        failure_loops: FailureLoopPolicy | None = _DEFAULT_LOOPS,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -306,12 +329,14 @@ class AsyncFuseTransport(_AsyncBase):
         identity = self._identify(request)
         gate = await self.fuse.agate(identity)
         self._gate.check(gate, request)
+        watch = await self._loops.abefore(identity, request)  # failure-loop breaker (loop_step)
         response, sent = await self._send(flavor, request)
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = async_stream_type(flavor)(response.stream, meter, self._settle)
         else:
             await self._settle(meter, True)
+        await self._loops.aafter(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
     async def aclose(self) -> None:
