@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._core.admission import AdmitVerdict
 from ._core.bucket import BucketPolicy, BucketVerdict
@@ -319,6 +319,54 @@ class Fuse:
         identity = Identity.of(who)
         await self._async().arun(op := self._bucket_op(identity, rate, capacity))
         self._changed(identity, op)
+
+    # -- run budgets (``tokenfuse.run``): several runs' operations, failing open ---------------
+
+    def run_key(self, run_id: str) -> str:
+        """The store key of a run: ``run:`` and the keyed hash of its id, the same in every
+        process sharing the deployment secret (the id itself never reaches the store)."""
+        return f"run:{Identity.named(run_id).keyed(self._secret).hex}"
+
+    def run_guarded(self, ops: Sequence[Op[Any]]) -> list[Any] | None:
+        """Run ``ops`` in one round trip (``run_many``); None when the store failed or is being
+        skipped: that is counted and reported as every failed decision is, and the caller
+        goes on unchecked (or ``StoreUnavailable`` is raised when the fuse fails closed)."""
+        store = self._sync()
+        if self.health.available():
+            try:
+                run_many = getattr(store, "run_many", None)
+                results = run_many(ops) if run_many else [store.run(op) for op in ops]
+            except Exception as exc:
+                self._unguarded(ops, exc)
+                return None
+            self._healthy()
+            return results
+        self._unguarded(ops, None)
+        return None
+
+    async def arun_guarded(self, ops: Sequence[Op[Any]]) -> list[Any] | None:
+        """``run_guarded`` for asyncio code."""
+        store = self._async()
+        if self.health.available():
+            try:
+                arun_many = getattr(store, "arun_many", None)
+                results = (
+                    await arun_many(ops) if arun_many else [await store.arun(op) for op in ops]
+                )
+            except Exception as exc:
+                self._unguarded(ops, exc)
+                return None
+            self._healthy()
+            return results
+        self._unguarded(ops, None)
+        return None
+
+    def _unguarded(self, ops: Sequence[Op[Any]], exc: Exception | None) -> None:
+        """The store failed (``exc``) or is skipped: report it as ``_degraded`` does."""
+        if exc is not None and ops and WATCHERS.decisions:
+            store_failed(WATCHERS.decisions, self, ops[0], exc)
+        self._degraded(Identity.named("run"), exc)
+        return
 
     def _changed(self, identity: Identity, op: Reset | Forgive | Configure) -> None:
         """Report a change made by hand: an event, so every operator sees who changed what."""

@@ -22,14 +22,17 @@ They differ only where they do I/O: the inner transport and the store. Each refu
 from __future__ import annotations
 
 import threading
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Fuse, default_fuse
+from .._runs.ledger import Hold
 from .._usage import ExtractorRegistry
 from .._usage.request import ERROR_HEAD
+from .budget_step import BudgetStep
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .meter import Meter, Metering
@@ -175,6 +178,7 @@ class FuseTransport(_SyncBase):
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -197,12 +201,20 @@ class FuseTransport(_SyncBase):
         identity = self._identify(request)
         gate = self.fuse.gate(identity)
         self._gate.check(gate, request)
-        response, sent = self._send(flavor, request)
+        # -- run budgets (budget_step): reserve now; release if sending raises ------------
+        hold = self._budget.reserve(request)
+        try:
+            response, sent = self._send(flavor, request)
+        except BaseException:
+            self._budget.settle(hold, None)
+            raise
+        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
-            response.stream = sync_stream_type(flavor)(response.stream, meter, self._settle)
+            response.stream = sync_stream_type(flavor)(response.stream, meter, settle)
         else:
-            self._settle(meter, True)
+            settle(meter, True)
         return response
 
     def close(self) -> None:
@@ -246,8 +258,9 @@ class FuseTransport(_SyncBase):
                     made = self._made[flavor.name] = flavor.http_transport()
         return made
 
-    def _settle(self, meter: Meter, complete: bool) -> None:
+    def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
+        self._budget.settle(hold, meter.report.usage)  # run budgets (budget_step)
         if amount is None:
             return
         if self._recorder is not None:
@@ -285,6 +298,7 @@ class AsyncFuseTransport(_AsyncBase):
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -306,12 +320,20 @@ class AsyncFuseTransport(_AsyncBase):
         identity = self._identify(request)
         gate = await self.fuse.agate(identity)
         self._gate.check(gate, request)
-        response, sent = await self._send(flavor, request)
+        # -- run budgets (budget_step): reserve now; release if sending raises ------------
+        hold = await self._budget.areserve(request)
+        try:
+            response, sent = await self._send(flavor, request)
+        except BaseException:
+            await self._budget.asettle(hold, None)
+            raise
+        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
-            response.stream = async_stream_type(flavor)(response.stream, meter, self._settle)
+            response.stream = async_stream_type(flavor)(response.stream, meter, settle)
         else:
-            await self._settle(meter, True)
+            await settle(meter, True)
         return response
 
     async def aclose(self) -> None:
@@ -353,8 +375,9 @@ class AsyncFuseTransport(_AsyncBase):
             made = self._made[flavor.name] = flavor.async_http_transport()
         return made
 
-    async def _settle(self, meter: Meter, complete: bool) -> None:
+    async def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
+        await self._budget.asettle(hold, meter.report.usage)  # run budgets (budget_step)
         if amount is None:
             return
         if self._recorder is not None:

@@ -1,0 +1,187 @@
+"""The run-budget step of an outbound call (``tokenfuse.run``): reserve, then settle.
+
+When runs are bound around the call (``_runs.context``), before it is sent the call
+
+1. carries the innermost run's id in the ``TokenFuse-Run`` header, so a tool server that
+   guards its own LLM calls counts them against the same run (its middleware binds it);
+2. reserves its estimate against every bound run, all or nothing (``_runs.ledger``): the
+   request's ``max_tokens`` / ``max_output_tokens`` / ``max_completion_tokens`` (or the run's
+   ``call_estimate`` when it names none) plus its body's size at 4 bytes a token, and that
+   many tokens' price in dollars. A refusal raises ``BudgetExceeded`` before a byte leaves.
+
+When the metering has the call's usage (at once, or when a stream ends or is closed), the
+reservation is *settled* with what the response reports (its estimate when it reports none:
+the call happened, so it counts); a call that raised is *released*. Without runs bound this
+step costs one context-variable read.
+
+Everything is store operations (``Reserve``, ``Settle``) run through ``Fuse.run_guarded``: one
+pipeline per store before the call and one after, failing open like every decision.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .._errors import BudgetExceeded
+from .._events import logger
+from .._fuse import Fuse
+from .._runs import pricing
+from .._runs.context import Bound, bound_runs, run_event
+from .._runs.ledger import Hold, hold_for
+from .._usage import Usage
+from .._usage.estimate import tokens_for
+from .refusal import for_sdks, through_anthropic_sdk
+from .usage_option import sent_body
+
+__all__ = ["RUN_HEADER", "BudgetStep"]
+
+#: The header that carries the run id to the services an agent calls.
+RUN_HEADER = "TokenFuse-Run"
+
+_MAX_KEYS = ("max_tokens", "max_output_tokens", "max_completion_tokens", "maxOutputTokens")
+_MAX_BODY = 8 << 20  # bodies larger than this are not parsed for a model or a maximum
+_MODEL_IN_PATH = re.compile(r"/models/([^/:?]+)")
+
+
+class _Call:
+    """What the step learned of a request: its model, provider and estimate in tokens."""
+
+    __slots__ = ("input", "model", "output", "tokens")
+
+    def __init__(self, request: Any, call_estimate: float) -> None:
+        body = sent_body(request)
+        parsed = _json_object(body)
+        model = parsed.get("model")
+        if not isinstance(model, str):
+            found = _MODEL_IN_PATH.search(str(request.url.path))
+            model = found.group(1) if found else None
+        self.model: str | None = model[:200] if model else None
+        maximum = _maximum(parsed)
+        self.input = tokens_for(len(body or b""))
+        self.output = call_estimate if maximum is None else maximum
+        self.tokens = self.input + self.output
+
+
+def _json_object(body: bytes | None) -> dict[str, Any]:
+    if not body or len(body) > _MAX_BODY or body[:1] != b"{":
+        return {}
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _maximum(parsed: dict[str, Any]) -> float | None:
+    config = parsed.get("generationConfig")
+    for where in (parsed, config if isinstance(config, dict) else {}):
+        for key in _MAX_KEYS:
+            value = where.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                return float(value)
+    return None
+
+
+class BudgetStep:
+    """Run budgets in one transport: ``reserve`` before sending, ``settle`` after."""
+
+    __slots__ = ("fuse", "shadow")
+
+    def __init__(self, fuse: Fuse, shadow: bool) -> None:
+        self.fuse = fuse
+        self.shadow = shadow  # refusals are logged, never raised (``FuseTransport(shadow=)``)
+
+    def _hold(self, request: Any) -> Hold | None:
+        runs = bound_runs()
+        if not runs:
+            return None
+        innermost: Bound = runs[-1]
+        request.headers[RUN_HEADER] = innermost.run_id
+        call = _Call(request, innermost.call_estimate)
+        usd = 0.0
+        if any(run.handle is None or run.handle.usd_limit >= 0 for run in runs):
+            usd = self._usd(call.model, None, call.input, call.output) or 0.0
+        hold = hold_for(runs, self.fuse, call.tokens, usd)
+        hold.model = call.model
+        return hold
+
+    def reserve(self, request: Any) -> Hold | None:
+        """Reserve the call's estimate on every bound run, or raise ``BudgetExceeded``."""
+        hold = self._hold(request)
+        if hold is None:
+            return None
+        results = [group.fuse.run_guarded(hold.reserve_ops(group)) for group in hold.groups]
+        refusal, releases = hold.judge(results)
+        for fuse, ops in releases:
+            fuse.run_guarded(ops)
+        self._refuse(refusal, request)
+        return hold
+
+    async def areserve(self, request: Any) -> Hold | None:
+        hold = self._hold(request)
+        if hold is None:
+            return None
+        results = [await group.fuse.arun_guarded(hold.reserve_ops(group)) for group in hold.groups]
+        refusal, releases = hold.judge(results)
+        for fuse, ops in releases:
+            await fuse.arun_guarded(ops)
+        self._refuse(refusal, request)
+        return hold
+
+    def _refuse(self, refusal: BudgetExceeded | None, request: Any) -> None:
+        if refusal is None:
+            return
+        if self.shadow:  # sent all the same: nothing is held, its settlement counts it
+            logger.warning("tokenfuse shadow mode, would refuse %s: %s", request.url, refusal)
+            return
+        raise for_sdks(refusal) if through_anthropic_sdk(request.headers) else refusal
+
+    def settle(self, hold: Hold | None, usage: Usage | None) -> None:
+        """Replace the reservation by what the call spent (``usage``; None: nothing, it was
+        no LLM call or it failed). Never raises: the response is the caller's."""
+        if hold is None or hold.done:
+            return
+        hold.done = True
+        tokens, usd = self._spent(hold, usage)
+        try:
+            for group in hold.groups:
+                hold.settled(group, group.fuse.run_guarded(hold.settle_ops(group, tokens, usd)))
+        except Exception as exc:  # a fail_closed fuse; the next reservation enforces it
+            logger.debug("tokenfuse: settling a run budget failed: %r", exc)
+
+    async def asettle(self, hold: Hold | None, usage: Usage | None) -> None:
+        if hold is None or hold.done:
+            return
+        hold.done = True
+        tokens, usd = self._spent(hold, usage)
+        try:
+            for group in hold.groups:
+                ops = hold.settle_ops(group, tokens, usd)
+                hold.settled(group, await group.fuse.arun_guarded(ops))
+        except Exception as exc:
+            logger.debug("tokenfuse: settling a run budget failed: %r", exc)
+
+    def _spent(self, hold: Hold, usage: Usage | None) -> tuple[float, float]:
+        if usage is None:
+            return 0.0, 0.0  # no LLM call was read (or it raised): give the reservation back
+        if usage.total is None:
+            return hold.tokens, hold.usd  # it happened, its usage is unknown: the estimate
+        total = usage.total
+        output = usage.output if usage.output is not None else total
+        input_ = usage.input if usage.input is not None else max(total - output, 0.0)
+        usd = self._usd(hold.model, usage.provider, input_, output)
+        return total, usd or 0.0
+
+    def _usd(
+        self, model: str | None, provider: str | None, input_: float, output: float
+    ) -> float | None:
+        price = pricing.cost(model, provider, input=input_, output=output)
+        if price is None and pricing.unknown_model(model):
+            detail = (
+                f"no price known for model {model or '(none named)'!r}: its calls count "
+                "against run budgets in tokens only"
+            )
+            run_event(self.fuse, "price_unknown", model or "", detail)
+        return price
