@@ -218,7 +218,9 @@ class RedisStore:
         pipe = client.pipeline(transaction=False)
         shas = script_shas()
         for op, key in zip(ops, keys, strict=True):
-            pipe.evalsha(shas[op.name], 1, key, *self._args(op))
+            # execute_command, not evalsha: redis-py blocks the evalsha method on cluster
+            # pipelines, and routes the command by its key all the same.
+            pipe.execute_command("EVALSHA", shas[op.name], 1, key, *self._args(op))
         return keys, pipe
 
     def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:

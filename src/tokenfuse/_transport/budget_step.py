@@ -84,6 +84,14 @@ def _maximum(parsed: dict[str, Any]) -> float | None:
     return None
 
 
+def _may_limit_usd(run: Bound) -> bool:
+    """Whether the run may have a usd limit (else the call's price is not needed yet)."""
+    handle = run.handle
+    if handle is None or handle.last is None:
+        return True  # joined by id, limits unknown here
+    return handle.usd_limit >= 0 or handle.last.usd_limit >= 0
+
+
 class BudgetStep:
     """Run budgets in one transport: ``reserve`` before sending, ``settle`` after."""
 
@@ -101,7 +109,7 @@ class BudgetStep:
         request.headers[RUN_HEADER] = innermost.run_id
         call = _Call(request, innermost.call_estimate)
         usd = 0.0
-        if any(run.handle is None or run.handle.usd_limit >= 0 for run in runs):
+        if any(_may_limit_usd(run) for run in runs):
             usd = self._usd(call.model, None, call.input, call.output) or 0.0
         hold = hold_for(runs, self.fuse, call.tokens, usd)
         hold.model = call.model
