@@ -19,6 +19,7 @@ from ._errors import BudgetExceeded
 from ._runs.context import (
     DEFAULT_CALL_ESTIMATE,
     DEFAULT_RUN_TTL,
+    RUN_HEADER,
     Run,
     RunAmounts,
 )
@@ -26,7 +27,6 @@ from ._runs.context import (
     bound_runs as _bound_runs,
 )
 from ._runs.pricing import Price, set_prices
-from ._transport.budget_step import RUN_HEADER
 
 if TYPE_CHECKING:
     from ._fuse import Fuse

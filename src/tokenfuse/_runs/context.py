@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CALL_ESTIMATE",
     "DEFAULT_RUN_TTL",
+    "RUN_HEADER",
     "Bound",
     "Run",
     "RunAmounts",
@@ -39,6 +40,9 @@ __all__ = [
     "checked_run_id",
 ]
 
+#: The header that carries the run id to the services an agent calls (``FuseTransport`` sends
+#: it from inside a run; the inbound middleware binds the run it names).
+RUN_HEADER = "TokenFuse-Run"
 #: Seconds a run's state lives after its last write.
 DEFAULT_RUN_TTL = 86_400.0
 #: Output tokens reserved for a call that names no maximum (``max_tokens`` and the like).
@@ -92,7 +96,11 @@ def bind_run_id(run_id: str) -> Iterator[Bound]:
     """Join the run ``run_id`` (already checked) for the block: the inbound middleware's way
     of counting a tool server's own LLM calls against its caller's run."""
     bound = Bound(run_id, DEFAULT_RUN_TTL, DEFAULT_CALL_ESTIMATE)
-    token = _bound.set((*_bound.get(), bound))
+    runs = _bound.get()
+    if any(each.run_id == run_id for each in runs):  # bound already (the caller's process)
+        yield bound
+        return
+    token = _bound.set((*runs, bound))
     try:
         yield bound
     finally:

@@ -44,6 +44,7 @@ class Hold:
 
     groups: list[_Group]
     tokens: float
+    """The call's estimate; 0 when it does not look like an LLM call (nothing reserved)."""
     usd: float
     done: bool = False
     model: str | None = None
@@ -87,6 +88,9 @@ class Hold:
 
     # -- settling --------------------------------------------------------------------------
 
+    def holds_any(self) -> bool:
+        return any(any(group.held) for group in self.groups)
+
     def settle_ops(self, group: _Group, tokens: float, usd: float) -> list[Op[Any]]:
         return [
             Settle(
@@ -112,11 +116,14 @@ def hold_for(runs: tuple[Bound, ...], fuse: Fuse, tokens: float, usd: float) -> 
     groups: dict[int, _Group] = {}
     for run in runs:
         owner = run.fuse or fuse
-        group = groups.get(id(owner))
+        group = groups.get(id(owner.store))  # one pipeline per store
         if group is None:
-            group = groups[id(owner)] = _Group(owner, [], [])
+            group = groups[id(owner.store)] = _Group(owner, [], [])
+        key = owner.run_key(run.run_id)
+        if key in group.keys:
+            continue  # bound twice (a run joined by header inside itself): counted once
         group.runs.append(run)
-        group.keys.append(owner.run_key(run.run_id))
+        group.keys.append(key)
     return Hold(list(groups.values()), tokens, usd)
 
 

@@ -28,7 +28,7 @@ from .._errors import BudgetExceeded
 from .._events import logger
 from .._fuse import Fuse
 from .._runs import pricing
-from .._runs.context import Bound, bound_runs, run_event
+from .._runs.context import RUN_HEADER, Bound, bound_runs, run_event
 from .._runs.ledger import Hold, hold_for
 from .._usage import Usage
 from .._usage.estimate import tokens_for
@@ -36,9 +36,6 @@ from .refusal import for_sdks, through_anthropic_sdk
 from .usage_option import sent_body
 
 __all__ = ["RUN_HEADER", "BudgetStep"]
-
-#: The header that carries the run id to the services an agent calls.
-RUN_HEADER = "TokenFuse-Run"
 
 _MAX_KEYS = ("max_tokens", "max_output_tokens", "max_completion_tokens", "maxOutputTokens")
 _MAX_BODY = 8 << 20  # bodies larger than this are not parsed for a model or a maximum
@@ -59,8 +56,13 @@ class _Call:
             model = found.group(1) if found else None
         self.model: str | None = model[:200] if model else None
         maximum = _maximum(parsed)
-        self.input = tokens_for(len(body or b""))
-        self.output = call_estimate if maximum is None else maximum
+        # Only what looks like an LLM call reserves: a call to a tool, a web page, ... would
+        # reserve an LLM call's worth of a run for nothing. Its usage, if it reports any,
+        # is still counted when it settles.
+        self.input = self.output = 0.0
+        if self.model is not None or maximum is not None:
+            self.input = tokens_for(len(body or b""))
+            self.output = call_estimate if maximum is None else maximum
         self.tokens = self.input + self.output
 
 
@@ -118,8 +120,8 @@ class BudgetStep:
     def reserve(self, request: Any) -> Hold | None:
         """Reserve the call's estimate on every bound run, or raise ``BudgetExceeded``."""
         hold = self._hold(request)
-        if hold is None:
-            return None
+        if hold is None or not hold.tokens:
+            return hold
         results = [group.fuse.run_guarded(hold.reserve_ops(group)) for group in hold.groups]
         refusal, releases = hold.judge(results)
         for fuse, ops in releases:
@@ -129,8 +131,8 @@ class BudgetStep:
 
     async def areserve(self, request: Any) -> Hold | None:
         hold = self._hold(request)
-        if hold is None:
-            return None
+        if hold is None or not hold.tokens:
+            return hold
         results = [await group.fuse.arun_guarded(hold.reserve_ops(group)) for group in hold.groups]
         refusal, releases = hold.judge(results)
         for fuse, ops in releases:
@@ -153,6 +155,8 @@ class BudgetStep:
             return
         hold.done = True
         tokens, usd = self._spent(hold, usage)
+        if not (tokens or usd or hold.holds_any()):
+            return  # nothing held, nothing spent: nothing to tell the store
         try:
             for group in hold.groups:
                 hold.settled(group, group.fuse.run_guarded(hold.settle_ops(group, tokens, usd)))
@@ -164,6 +168,8 @@ class BudgetStep:
             return
         hold.done = True
         tokens, usd = self._spent(hold, usage)
+        if not (tokens or usd or hold.holds_any()):
+            return
         try:
             for group in hold.groups:
                 ops = hold.settle_ops(group, tokens, usd)
