@@ -265,3 +265,33 @@ def test_a_fail_closed_fuse_refuses_when_the_store_is_down(clock: Clock) -> None
 def test_the_top_level_names() -> None:
     assert tokenfuse.run is run
     assert issubclass(tokenfuse.BudgetExceeded, tokenfuse.FuseTripped)
+
+
+def test_shadow_mode_logs_what_it_would_refuse_and_counts_the_call(
+    fuse: Fuse, caplog: pytest.LogCaptureFixture
+) -> None:
+    stub = LLMStub()
+    transport = FuseTransport(httpx2.MockTransport(stub), fuse=fuse, shadow=True)
+    client = openai.OpenAI(api_key=OPENAI_KEY, http_client=httpx2.Client(transport=transport))
+    with run("run-shadow", tokens=30, fuse=fuse, call_estimate=10) as budget:
+        ask_openai(client)
+        ask_openai(client)  # 25 spent: this one would be refused
+        assert budget.spent.tokens == 2 * OPENAI_CALL  # sent, and counted
+    assert len(stub.requests) == 2
+    assert "shadow mode, would refuse" in caplog.text
+
+
+def test_a_dollar_limit_refuses_in_dollars(fuse: Fuse) -> None:
+    client = openai_client(fuse, LLMStub())
+    set_prices({"pricey": Price(input=10_000.0, output=10_000.0)})  # $0.01 a token
+    try:
+        with run("run-dollars", usd=0.5, fuse=fuse, call_estimate=10):
+            client.chat.completions.create(model="pricey", messages=MESSAGES)  # type: ignore[arg-type]
+            with pytest.raises(BudgetExceeded) as caught:
+                client.chat.completions.create(model="pricey", messages=MESSAGES)  # type: ignore[arg-type]
+    finally:
+        set_prices({})
+    error = caught.value
+    assert (error.unit, error.limit, error.spent) == ("usd", 0.5, pytest.approx(0.25))
+    assert error.requested > 0.25  # its estimate in dollars passes what is left
+    assert "$0.2500 spent" in str(error) and error.retry_after == 86_400

@@ -83,7 +83,6 @@ class Hold:
                 group.held = [False] * len(group.runs)
                 if ops:
                     releases.append((group.fuse, ops))
-            self.done = True
         return refusal, releases
 
     # -- settling --------------------------------------------------------------------------
