@@ -25,7 +25,8 @@ from tokenfuse._transport import FuseTransport
 from tokenfuse.guards import run
 
 POLICY = VelocityPolicy(cold_start_limit=None, cold_start_sustained=None)
-BODY = json.dumps({"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]})
+MESSAGES = [{"role": "user", "content": "hi"}]
+BODY = json.dumps({"model": "m", "max_tokens": 100, "messages": MESSAGES})
 REPLY = {"object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 5,
          "completion_tokens": 20, "total_tokens": 25}}  # fmt: skip
 
