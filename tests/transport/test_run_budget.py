@@ -295,3 +295,31 @@ def test_a_dollar_limit_refuses_in_dollars(fuse: Fuse) -> None:
     assert (error.unit, error.limit, error.spent) == ("usd", 0.5, pytest.approx(0.25))
     assert error.requested > 0.25  # its estimate in dollars passes what is left
     assert "$0.2500 spent" in str(error) and error.retry_after == 86_400
+
+
+@pytest.mark.redis
+async def test_on_a_real_redis_sync_and_async_calls_share_one_run(
+    redis_url: str, redis_prefix: str, clock: Clock
+) -> None:
+    from tokenfuse import RedisStore
+
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    fuse = Fuse(store, secret="a redis test secret of 32 chars!")
+    stub = LLMStub()
+    sync_client = anthropic_client(fuse, stub)
+    transport = AsyncFuseTransport(httpx2.MockTransport(stub), fuse=fuse)
+    try:
+        async with httpx2.AsyncClient(transport=transport) as http_client:
+            async_client = anthropic.AsyncAnthropic(api_key=ANTHROPIC_KEY, http_client=http_client)
+            async with run("run-redis", tokens=500, fuse=fuse) as budget:
+                await async_client.messages.create(model="m", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+                assert ask_anthropic(sync_client) == "Hi!"
+                with pytest.raises(BudgetExceeded) as caught:
+                    await async_client.messages.create(model="m", max_tokens=200, messages=MESSAGES)  # type: ignore[arg-type]
+                state = await budget.aread()
+    finally:
+        await store.aclose()
+    assert isinstance(caught.value, anthropic.AnthropicError)
+    assert state is not None
+    assert (state.spent_tokens, state.reserved_tokens) == (2 * ANTHROPIC_CALL, 0)
+    assert len(stub.requests) == 2

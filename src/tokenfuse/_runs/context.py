@@ -20,8 +20,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
 from .._core.budget import NO_LIMIT, RunState, RunVerdict
-from .._errors import ConfigurationError
-from .._events import FuseEvent, logger
+from .._errors import ConfigurationError, FuseTripped
+from .._events import EventKind, FuseEvent, logger
 from .._stores.ops import OpenRun, ReadRun
 from . import pricing
 
@@ -277,10 +277,9 @@ def remaining_of(state: RunState) -> RunAmounts:
     return RunAmounts(tokens, usd)
 
 
-def run_event(fuse: Fuse, kind: str, run_id: str, detail: str, error: object = None) -> None:
+def run_event(
+    fuse: Fuse, kind: EventKind, run_id: str, detail: str, error: FuseTripped | None = None
+) -> None:
     """Report a run's event through the fuse's hooks (and the process's listeners)."""
-    from .._errors import FuseTripped
-
-    refusal = error if isinstance(error, FuseTripped) else None
-    event = FuseEvent(kind, run_id, detail, refusal, at=time.time(), fuse=fuse.name)  # type: ignore[arg-type]
+    event = FuseEvent(kind, run_id, detail, error, at=time.time(), fuse=fuse.name)
     fuse.hooks.emit(event, logging.WARNING)
