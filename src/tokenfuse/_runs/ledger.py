@@ -48,6 +48,8 @@ class Hold:
     usd: float
     done: bool = False
     model: str | None = None
+    priced: bool = False
+    """Whether a run of the call may have a dollar limit (an unknown price then matters)."""
 
     # -- reserving ------------------------------------------------------------------------
 

@@ -110,11 +110,13 @@ class BudgetStep:
         innermost: Bound = runs[-1]
         request.headers[RUN_HEADER] = innermost.run_id
         call = _Call(request, innermost.call_estimate)
+        priced = any(_may_limit_usd(run) for run in runs)
         usd = 0.0
-        if any(_may_limit_usd(run) for run in runs):
-            usd = self._usd(call.model, None, call.input, call.output) or 0.0
+        if priced and call.tokens:
+            usd = self._usd(call.model, None, call.input, call.output, warn=True) or 0.0
         hold = hold_for(runs, self.fuse, call.tokens, usd)
         hold.model = call.model
+        hold.priced = priced
         return hold
 
     def reserve(self, request: Any) -> Hold | None:
@@ -185,14 +187,16 @@ class BudgetStep:
         total = usage.total
         output = usage.output if usage.output is not None else total
         input_ = usage.input if usage.input is not None else max(total - output, 0.0)
-        usd = self._usd(hold.model, usage.provider, input_, output)
+        usd = self._usd(hold.model, usage.provider, input_, output, warn=hold.priced)
         return total, usd or 0.0
 
     def _usd(
-        self, model: str | None, provider: str | None, input_: float, output: float
+        self, model: str | None, provider: str | None, input_: float, output: float, *, warn: bool
     ) -> float | None:
+        """The call's price; an unknown model is reported (once) when a dollar limit may
+        apply: a run limited in tokens only counts dollars for information."""
         price = pricing.cost(model, provider, input=input_, output=output)
-        if price is None and pricing.unknown_model(model):
+        if price is None and warn and pricing.unknown_model(model):
             detail = (
                 f"no price known for model {model or '(none named)'!r}: its calls count "
                 "against run budgets in tokens only"
