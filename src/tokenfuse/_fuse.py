@@ -180,6 +180,49 @@ class Fuse:
         identity = Identity.of(who)
         return await self._adecide(identity, Gate(self._key(identity)), self._velocity_decision)
 
+    def gate_with(self, who: Who, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
+        """``gate``, and ``ops`` in the same round trip (one pipeline): a call's run-budget
+        reservations ride with its gate. The gate's decision, and the ops' results (None
+        when the store failed: the gate failed open, or closed, as ``gate`` does)."""
+        identity = Identity.of(who)
+        op = Gate(self._key(identity))
+        store = self._sync()
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: VelocityVerdict | Exception | None = None
+        rest: list[Any] | None = None
+        if self.health.available():
+            try:
+                run_many = getattr(store, "run_many", None)
+                both = [op, *ops]
+                results = run_many(both) if run_many else [store.run(each) for each in both]
+                outcome, rest = results[0], results[1:]
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+
+    async def agate_with(
+        self, who: Who, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        identity = Identity.of(who)
+        op = Gate(self._key(identity))
+        store = self._async()
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: VelocityVerdict | Exception | None = None
+        rest: list[Any] | None = None
+        if self.health.available():
+            try:
+                arun_many = getattr(store, "arun_many", None)
+                both = [op, *ops]
+                results = (
+                    await arun_many(both)
+                    if arun_many
+                    else [await store.arun(each) for each in both]
+                )
+                outcome, rest = results[0], results[1:]
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+
     def record(self, who: Who, amount: float) -> Decision:
         """After a call: add what it spent; the verdict may open the key for the next call."""
         identity = Identity.of(who)

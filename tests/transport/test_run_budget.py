@@ -323,3 +323,48 @@ async def test_on_a_real_redis_sync_and_async_calls_share_one_run(
     assert state is not None
     assert (state.spent_tokens, state.reserved_tokens) == (2 * ANTHROPIC_CALL, 0)
     assert len(stub.requests) == 2
+
+
+class CountingStore(MemoryStore):
+    """The embedded store, telling each round trip a fuse makes (one run or run_many)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.trips: list[tuple[str, ...]] = []
+
+    def run(self, op: Any) -> Any:
+        self.trips.append((type(op).__name__,))
+        return super().run(op)
+
+    def run_many(self, ops: Any) -> list[Any]:
+        self.trips.append(tuple(type(op).__name__ for op in ops))
+        return [MemoryStore.run(self, op) for op in ops]
+
+
+def test_the_gate_and_the_reservations_of_nested_runs_go_in_one_round_trip(clock: Clock) -> None:
+    store = CountingStore(clock=clock)
+    fuse = Fuse(store)
+    client = openai_client(fuse, LLMStub())
+    with run("outer", tokens=10**6, fuse=fuse), run("inner", tokens=10**5, fuse=fuse):
+        store.trips.clear()
+        ask_openai(client)
+    assert store.trips == [
+        ("Gate", "Reserve", "Reserve"),  # before the call: one round trip
+        ("Settle", "Settle"),  # after it: the settlements...
+        ("Record",),  # ...and the velocity record
+    ]
+
+
+def test_a_gate_that_refuses_wins_and_leaves_nothing_reserved(clock: Clock) -> None:
+    from tokenfuse import CeilingExceeded, VelocityPolicy
+
+    fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=20))
+    stub = LLMStub()
+    client = openai_client(fuse, stub)
+    with run("run-gated", tokens=10_000, fuse=fuse, call_estimate=10) as budget:
+        ask_openai(client)  # 25 tokens: over the 20/min ceiling, the key opens
+        with pytest.raises(CeilingExceeded):
+            ask_openai(client)
+        state = budget.read()
+    assert state is not None and (state.spent_tokens, state.reserved_tokens) == (25, 0)
+    assert len(stub.requests) == 1

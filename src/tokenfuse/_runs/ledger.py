@@ -74,18 +74,22 @@ class Hold:
                 _report(group.fuse, run, verdict, self)
                 if not verdict.allowed:
                     refusal = _refusal(run, verdict, self)  # the innermost refusing run wins
+        return refusal, self.releases() if refusal is not None else []
+
+    def releases(self) -> list[tuple[Fuse, list[Op[Any]]]]:
+        """The ops that give back every reservation held (the call will not be sent), per
+        store; nothing is held afterwards."""
         releases: list[tuple[Fuse, list[Op[Any]]]] = []
-        if refusal is not None:
-            for group in self.groups:
-                ops: list[Op[Any]] = [
-                    Settle(key, self.tokens, self.usd, 0.0, 0.0, run.ttl)
-                    for run, key, held in zip(group.runs, group.keys, group.held, strict=True)
-                    if held
-                ]
-                group.held = [False] * len(group.runs)
-                if ops:
-                    releases.append((group.fuse, ops))
-        return refusal, releases
+        for group in self.groups:
+            ops: list[Op[Any]] = [
+                Settle(key, self.tokens, self.usd, 0.0, 0.0, run.ttl)
+                for run, key, held in zip(group.runs, group.keys, group.held, strict=True)
+                if held
+            ]
+            group.held = [False] * len(group.runs)
+            if ops:
+                releases.append((group.fuse, ops))
+        return releases
 
     # -- settling --------------------------------------------------------------------------
 

@@ -14,8 +14,10 @@ reservation is *settled* with what the response reports (its estimate when it re
 the call happened, so it counts); a call that raised is *released*. Without runs bound this
 step costs one context-variable read.
 
-Everything is store operations (``Reserve``, ``Settle``) run through ``Fuse.run_guarded``: one
-pipeline per store before the call and one after, failing open like every decision.
+Everything is store operations (``Reserve``, ``Settle``): before the call, the reservations go
+in one pipeline with the velocity gate (``Fuse.gate_with``), so a call inside runs costs the
+same one round trip before it is sent as a call outside; after it, the settlements are one
+pipeline. Both fail open like every decision.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 
 from .._errors import BudgetExceeded
 from .._events import logger
-from .._fuse import Fuse
+from .._fuse import Decision, Fuse
+from .._identity import Identity
 from .._runs import pricing
 from .._runs.context import RUN_HEADER, Bound, bound_runs, run_event
 from .._runs.ledger import Hold, hold_for
@@ -119,28 +122,58 @@ class BudgetStep:
         hold.priced = priced
         return hold
 
-    def reserve(self, request: Any) -> Hold | None:
-        """Reserve the call's estimate on every bound run, or raise ``BudgetExceeded``."""
+    def gate_and_reserve(self, identity: Identity, request: Any) -> tuple[Decision, Hold | None]:
+        """The velocity gate and the call's reservations on every bound run, in one round
+        trip to the transport's store (``Fuse.gate_with``); runs kept in another store get a
+        pipeline of their own. Raises ``BudgetExceeded`` when a run cannot afford the call;
+        a gate that refuses wins (its refusal is the transport's to raise), and then nothing
+        stays reserved."""
         hold = self._hold(request)
         if hold is None or not hold.tokens:
-            return hold
-        results = [group.fuse.run_guarded(hold.reserve_ops(group)) for group in hold.groups]
+            return self.fuse.gate(identity), hold
+        gate: Decision | None = None
+        results: list[list[Any] | None] = []
+        for group in hold.groups:
+            ops = hold.reserve_ops(group)
+            if gate is None and group.fuse.store is self.fuse.store:
+                gate, found = self.fuse.gate_with(identity, ops)
+            else:
+                found = group.fuse.run_guarded(ops)
+            results.append(found)
+        if gate is None:
+            gate = self.fuse.gate(identity)
         refusal, releases = hold.judge(results)
+        if not (gate.allowed or self.shadow):
+            refusal, releases = None, releases + hold.releases()
         for fuse, ops in releases:
             fuse.run_guarded(ops)
         self._refuse(refusal, request)
-        return hold
+        return gate, hold
 
-    async def areserve(self, request: Any) -> Hold | None:
+    async def agate_and_reserve(
+        self, identity: Identity, request: Any
+    ) -> tuple[Decision, Hold | None]:
         hold = self._hold(request)
         if hold is None or not hold.tokens:
-            return hold
-        results = [await group.fuse.arun_guarded(hold.reserve_ops(group)) for group in hold.groups]
+            return await self.fuse.agate(identity), hold
+        gate: Decision | None = None
+        results: list[list[Any] | None] = []
+        for group in hold.groups:
+            ops = hold.reserve_ops(group)
+            if gate is None and group.fuse.store is self.fuse.store:
+                gate, found = await self.fuse.agate_with(identity, ops)
+            else:
+                found = await group.fuse.arun_guarded(ops)
+            results.append(found)
+        if gate is None:
+            gate = await self.fuse.agate(identity)
         refusal, releases = hold.judge(results)
+        if not (gate.allowed or self.shadow):
+            refusal, releases = None, releases + hold.releases()
         for fuse, ops in releases:
             await fuse.arun_guarded(ops)
         self._refuse(refusal, request)
-        return hold
+        return gate, hold
 
     def _refuse(self, refusal: BudgetExceeded | None, request: Any) -> None:
         if refusal is None:

@@ -199,10 +199,10 @@ class FuseTransport(_SyncBase):
     def handle_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        gate = self.fuse.gate(identity)
+        # -- run budgets (budget_step): the gate and the reservations in one round trip;
+        # -- released if sending raises --------------------------------------------------
+        gate, hold = self._budget.gate_and_reserve(identity, request)
         self._gate.check(gate, request)
-        # -- run budgets (budget_step): reserve now; release if sending raises ------------
-        hold = self._budget.reserve(request)
         try:
             response, sent = self._send(flavor, request)
         except BaseException:
@@ -318,10 +318,10 @@ class AsyncFuseTransport(_AsyncBase):
     async def handle_async_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        gate = await self.fuse.agate(identity)
+        # -- run budgets (budget_step): the gate and the reservations in one round trip;
+        # -- released if sending raises --------------------------------------------------
+        gate, hold = await self._budget.agate_and_reserve(identity, request)
         self._gate.check(gate, request)
-        # -- run budgets (budget_step): reserve now; release if sending raises ------------
-        hold = await self._budget.areserve(request)
         try:
             response, sent = await self._send(flavor, request)
         except BaseException:
