@@ -368,3 +368,13 @@ def test_a_gate_that_refuses_wins_and_leaves_nothing_reserved(clock: Clock) -> N
         state = budget.read()
     assert state is not None and (state.spent_tokens, state.reserved_tokens) == (25, 0)
     assert len(stub.requests) == 1
+
+
+def test_a_call_that_reserved_nothing_still_counts_the_usage_it_reports(fuse: Fuse) -> None:
+    stub = LLMStub()
+    client = httpx2.Client(transport=FuseTransport(httpx2.MockTransport(stub), fuse=fuse))
+    with run("run-unreserved", tokens=10_000, fuse=fuse) as budget:
+        # No model and no maximum in the body: not taken for an LLM call, so nothing is
+        # reserved; the reply reports usage all the same, and that counts.
+        client.post("https://api.openai.com/v1/chat/completions", json={"messages": MESSAGES})
+        assert budget.spent.tokens == OPENAI_CALL

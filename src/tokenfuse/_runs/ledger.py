@@ -129,6 +129,7 @@ def hold_for(runs: tuple[Bound, ...], fuse: Fuse, tokens: float, usd: float) -> 
             continue  # bound twice (a run joined by header inside itself): counted once
         group.runs.append(run)
         group.keys.append(key)
+        group.held.append(False)  # nothing held until a reservation is granted
     return Hold(list(groups.values()), tokens, usd)
 
 

@@ -26,7 +26,7 @@ import json
 import re
 from typing import Any
 
-from .._errors import BudgetExceeded
+from .._errors import BudgetExceeded, StoreUnavailable
 from .._events import logger
 from .._fuse import Decision, Fuse
 from .._identity import Identity
@@ -95,6 +95,14 @@ def _may_limit_usd(run: Bound) -> bool:
     if handle is None or handle.last is None:
         return True  # joined by id, limits unknown here
     return handle.usd_limit >= 0 or handle.last.usd_limit >= 0
+
+
+def _settle_failed(exc: Exception) -> None:
+    """A settlement raised: never the caller's problem (the response is theirs), never silent."""
+    if isinstance(exc, StoreUnavailable):  # a fail_closed fuse, which reported the outage
+        logger.debug("tokenfuse: settling a run budget failed: %r", exc)
+    else:
+        logger.error("tokenfuse: settling a run budget failed", exc_info=exc)
 
 
 class BudgetStep:
@@ -195,8 +203,8 @@ class BudgetStep:
         try:
             for group in hold.groups:
                 hold.settled(group, group.fuse.run_guarded(hold.settle_ops(group, tokens, usd)))
-        except Exception as exc:  # a fail_closed fuse; the next reservation enforces it
-            logger.debug("tokenfuse: settling a run budget failed: %r", exc)
+        except Exception as exc:
+            _settle_failed(exc)
 
     async def asettle(self, hold: Hold | None, usage: Usage | None) -> None:
         if hold is None or hold.done:
@@ -210,7 +218,7 @@ class BudgetStep:
                 ops = hold.settle_ops(group, tokens, usd)
                 hold.settled(group, await group.fuse.arun_guarded(ops))
         except Exception as exc:
-            logger.debug("tokenfuse: settling a run budget failed: %r", exc)
+            _settle_failed(exc)
 
     def _spent(self, hold: Hold, usage: Usage | None) -> tuple[float, float]:
         if usage is None:
