@@ -158,8 +158,9 @@ class FuseTransport(_SyncBase):
             sent anyway and logged (at most a line a second), as the middleware's shadow mode
             does. Default: ``TOKENFUSE_SHADOW`` (off).
 
-    Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``); the
-    report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
+    Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``, and
+    ``BudgetExceeded`` inside ``tokenfuse.run``: ``budget_step``); the report of each call is
+    in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
     """
 
     def __init__(
