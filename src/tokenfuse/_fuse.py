@@ -185,43 +185,34 @@ class Fuse:
         reservations ride with its gate. The gate's decision, and the ops' results (None
         when the store failed: the gate failed open, or closed, as ``gate`` does)."""
         identity = Identity.of(who)
-        op = Gate(self._key(identity))
-        store = self._sync()
-        started = perf_counter() if WATCHERS.decisions else 0.0
-        outcome: VelocityVerdict | Exception | None = None
-        rest: list[Any] | None = None
-        if self.health.available():
-            try:
-                run_many = getattr(store, "run_many", None)
-                both = [op, *ops]
-                results = run_many(both) if run_many else [store.run(each) for each in both]
-                outcome, rest = results[0], results[1:]
-            except Exception as exc:
-                outcome = exc
-        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+        return self._decide_with(identity, Gate(self._key(identity)), ops)
 
     async def agate_with(
         self, who: Who, ops: Sequence[Op[Any]]
     ) -> tuple[Decision, list[Any] | None]:
         identity = Identity.of(who)
-        op = Gate(self._key(identity))
-        store = self._async()
-        started = perf_counter() if WATCHERS.decisions else 0.0
-        outcome: VelocityVerdict | Exception | None = None
-        rest: list[Any] | None = None
-        if self.health.available():
-            try:
-                arun_many = getattr(store, "arun_many", None)
-                both = [op, *ops]
-                results = (
-                    await arun_many(both)
-                    if arun_many
-                    else [await store.arun(each) for each in both]
-                )
-                outcome, rest = results[0], results[1:]
-            except Exception as exc:
-                outcome = exc
-        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+        return await self._adecide_with(identity, Gate(self._key(identity)), ops)
+
+    def record_with(
+        self, who: Who, amount: float, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        """``record``, and ``ops`` in the same round trip: a call's run-budget settlements
+        ride with its record."""
+        identity = Identity.of(who)
+        op = self._record_op(identity, amount)
+        if op is None:
+            return self._decide(identity, None, self._velocity_decision), self.run_guarded(ops)
+        return self._decide_with(identity, op, ops)
+
+    async def arecord_with(
+        self, who: Who, amount: float, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        identity = Identity.of(who)
+        op = self._record_op(identity, amount)
+        if op is None:
+            decision = await self._adecide(identity, None, self._velocity_decision)
+            return decision, await self.arun_guarded(ops)
+        return await self._adecide_with(identity, op, ops)
 
     def record(self, who: Who, amount: float) -> Decision:
         """After a call: add what it spent; the verdict may open the key for the next call."""
@@ -539,6 +530,45 @@ class Fuse:
             except Exception as exc:
                 outcome = exc
         return self._conclude(identity, op, decide, outcome, started)
+
+    def _decide_with(
+        self, identity: Identity, op: Gate | Record, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        """``_decide`` of ``op`` with ``ops`` after it in one pipeline; their results (None:
+        the store failed, and ``op``'s decision says so)."""
+        store = self._sync()
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: VelocityVerdict | Exception | None = None
+        rest: list[Any] | None = None
+        if self.health.available():
+            try:
+                run_many = getattr(store, "run_many", None)
+                both = [op, *ops]
+                results = run_many(both) if run_many else [store.run(each) for each in both]
+                outcome, rest = results[0], results[1:]
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+
+    async def _adecide_with(
+        self, identity: Identity, op: Gate | Record, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        store = self._async()
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: VelocityVerdict | Exception | None = None
+        rest: list[Any] | None = None
+        if self.health.available():
+            try:
+                arun_many = getattr(store, "arun_many", None)
+                both = [op, *ops]
+                if arun_many:
+                    results = await arun_many(both)
+                else:
+                    results = [await store.arun(each) for each in both]
+                outcome, rest = results[0], results[1:]
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
 
     def _conclude(
         self,

@@ -20,7 +20,7 @@ import pytest
 
 import tokenfuse
 from tests.conftest import Clock
-from tokenfuse import ConfigurationError, Fuse, MemoryStore, StoreUnavailable
+from tokenfuse import ConfigurationError, Fuse, Identity, MemoryStore, StoreUnavailable
 from tokenfuse._transport import AsyncFuseTransport, FuseTransport
 from tokenfuse.events import FuseEvent
 from tokenfuse.guards import RUN_HEADER, BudgetExceeded, Price, current_runs, run, set_prices
@@ -350,9 +350,24 @@ def test_the_gate_and_the_reservations_of_nested_runs_go_in_one_round_trip(clock
         ask_openai(client)
     assert store.trips == [
         ("Gate", "Reserve", "Reserve"),  # before the call: one round trip
-        ("Settle", "Settle"),  # after it: the settlements...
-        ("Record",),  # ...and the velocity record
+        ("Record", "Settle", "Settle"),  # after it: one more
     ]
+
+
+def test_background_records_leave_the_settlements_alone_on_the_callers_path(
+    clock: Clock,
+) -> None:
+    store = CountingStore(clock=clock)
+    fuse = Fuse(store)
+    transport = FuseTransport(httpx2.MockTransport(LLMStub()), fuse=fuse, record="background")
+    client = openai.OpenAI(api_key=OPENAI_KEY, http_client=httpx2.Client(transport=transport))
+    with run("run-background", tokens=10**6, fuse=fuse) as budget:
+        store.trips.clear()
+        ask_openai(client)
+        assert store.trips[:2] == [("Gate", "Reserve"), ("Settle",)]
+        assert budget.spent.tokens == OPENAI_CALL
+    transport.close()  # flushes the background record
+    assert fuse.status(Identity.secret(OPENAI_KEY)).rate == OPENAI_CALL
 
 
 def test_a_gate_that_refuses_wins_and_leaves_nothing_reserved(clock: Clock) -> None:

@@ -191,34 +191,62 @@ class BudgetStep:
             return
         raise for_sdks(refusal) if through_anthropic_sdk(request.headers) else refusal
 
-    def settle(self, hold: Hold | None, usage: Usage | None) -> None:
+    def settle(
+        self,
+        hold: Hold | None,
+        usage: Usage | None,
+        record: tuple[Identity, float] | None = None,
+    ) -> tuple[bool, Decision | None]:
         """Replace the reservation by what the call spent (``usage``; None: nothing, it was
-        no LLM call or it failed). Never raises: the response is the caller's."""
+        no LLM call or it failed), and with ``record`` (who, amount) also record the call's
+        velocity in the same round trip (``Fuse.record_with``). Whether it recorded, and
+        the record's decision (None if it failed). Never raises: the response is the
+        caller's."""
         if hold is None or hold.done:
-            return
+            return False, None
         hold.done = True
         tokens, usd = self._spent(hold, usage)
         if not (tokens or usd or hold.holds_any()):
-            return  # nothing held, nothing spent: nothing to tell the store
-        try:
-            for group in hold.groups:
-                hold.settled(group, group.fuse.run_guarded(hold.settle_ops(group, tokens, usd)))
-        except Exception as exc:
-            _settle_failed(exc)
-
-    async def asettle(self, hold: Hold | None, usage: Usage | None) -> None:
-        if hold is None or hold.done:
-            return
-        hold.done = True
-        tokens, usd = self._spent(hold, usage)
-        if not (tokens or usd or hold.holds_any()):
-            return
+            return False, None  # nothing held, nothing spent: nothing to tell the store
+        recorded, decision = False, None
         try:
             for group in hold.groups:
                 ops = hold.settle_ops(group, tokens, usd)
-                hold.settled(group, await group.fuse.arun_guarded(ops))
+                if record is not None and group.fuse.store is self.fuse.store:
+                    recorded, (who, spent), record = True, record, None
+                    decision, found = self.fuse.record_with(who, spent, ops)
+                else:
+                    found = group.fuse.run_guarded(ops)
+                hold.settled(group, found)
         except Exception as exc:
             _settle_failed(exc)
+        return recorded, decision
+
+    async def asettle(
+        self,
+        hold: Hold | None,
+        usage: Usage | None,
+        record: tuple[Identity, float] | None = None,
+    ) -> tuple[bool, Decision | None]:
+        if hold is None or hold.done:
+            return False, None
+        hold.done = True
+        tokens, usd = self._spent(hold, usage)
+        if not (tokens or usd or hold.holds_any()):
+            return False, None
+        recorded, decision = False, None
+        try:
+            for group in hold.groups:
+                ops = hold.settle_ops(group, tokens, usd)
+                if record is not None and group.fuse.store is self.fuse.store:
+                    recorded, (who, spent), record = True, record, None
+                    decision, found = await self.fuse.arecord_with(who, spent, ops)
+                else:
+                    found = await group.fuse.arun_guarded(ops)
+                hold.settled(group, found)
+        except Exception as exc:
+            _settle_failed(exc)
+        return recorded, decision
 
     def _spent(self, hold: Hold, usage: Usage | None) -> tuple[float, float]:
         if usage is None:

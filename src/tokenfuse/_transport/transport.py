@@ -261,7 +261,13 @@ class FuseTransport(_SyncBase):
 
     def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
-        self._budget.settle(hold, meter.report.usage)  # run budgets (budget_step)
+        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
+        inline = None if amount is None or self._recorder else (meter.identity, amount)
+        recorded, decision = self._budget.settle(hold, meter.report.usage, inline)
+        if recorded:
+            meter.report.record = decision
+            return
+        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:
@@ -378,7 +384,13 @@ class AsyncFuseTransport(_AsyncBase):
 
     async def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
-        await self._budget.asettle(hold, meter.report.usage)  # run budgets (budget_step)
+        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
+        inline = None if amount is None or self._recorder else (meter.identity, amount)
+        recorded, decision = await self._budget.asettle(hold, meter.report.usage, inline)
+        if recorded:
+            meter.report.record = decision
+            return
+        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:
