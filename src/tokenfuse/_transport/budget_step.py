@@ -16,8 +16,8 @@ step costs one context-variable read.
 
 Everything is store operations (``Reserve``, ``Settle``): before the call, the reservations go
 in one pipeline with the velocity gate (``Fuse.gate_with``), so a call inside runs costs the
-same one round trip before it is sent as a call outside; after it, the settlements are one
-pipeline. Both fail open like every decision.
+one round trip before it is sent; after it, the settlements go with the velocity record
+(``Fuse.record_with``), one more. Both fail open like every decision.
 """
 
 from __future__ import annotations
