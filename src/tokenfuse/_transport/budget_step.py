@@ -15,7 +15,7 @@ the call happened, so it counts); a call that raised is *released*. Without runs
 step costs one context-variable read.
 
 Everything is store operations (``Reserve``, ``Settle``): before the call, the reservations go
-in one pipeline with the velocity gate (``Fuse.gate_with``), so a call inside runs costs the
+in one pipeline with the velocity gate (``Fuse.gate_with``), so a call inside runs costs
 one round trip before it is sent; after it, the settlements go with the velocity record
 (``Fuse.record_with``), one more. Both fail open like every decision.
 """
