@@ -7,7 +7,8 @@
     │   ├── LoopSuspected      the key's rate is far above its own normal (``loop_*``)
     │   ├── CeilingExceeded    rate above a manual, cold-start or the key's own ceiling
     │   ├── QuotaExhausted     the caller's token bucket is empty
-    │   └── FailureLoop        the same call keeps failing (or repeating): a stuck agent
+    │   ├── FailureLoop        the same call keeps failing (or repeating): a stuck agent
+    │   └── BudgetExceeded     the call would take its run past the run's budget
     ├── StoreUnavailable       the store failed and the fuse was told to fail closed
     │   └── StoreBusy          only this process's connection pool was full (back-pressure)
     └── ConfigurationError     also a ``ValueError``: bad options, caught at construction
@@ -19,6 +20,7 @@ happened, not merely that a limit exists.
 from __future__ import annotations
 
 __all__ = [
+    "BudgetExceeded",
     "CeilingExceeded",
     "ConfigurationError",
     "FailureLoop",
@@ -347,3 +349,62 @@ class FailureLoop(FuseTripped):
             "status": self.status,
             "error": self.error,
         }
+
+
+class BudgetExceeded(FuseTripped):
+    """The call would take its run (``tokenfuse.run``) past the run's budget: refused before
+    a byte of it was sent.
+
+    Attributes, beyond ``FuseTripped``'s (``key`` is the run id, ``rate`` what it spent):
+        run_id: the run whose budget it is (the innermost refusing one when runs nest).
+        spent: what the run's finished calls spent, in ``unit`` (``tokens`` or ``usd``).
+        limit: the run's limit in that unit.
+        reserved: what calls still in flight hold (they may spend it or give it back).
+        requested: what this call would have reserved (its estimate).
+        retry_after: seconds until the run's state expires, when its budget starts afresh:
+            retrying sooner is refused the same way.
+    """
+
+    reason = "budget_exceeded"
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        spent: float,
+        limit: float,
+        unit: str,
+        reserved: float,
+        requested: float,
+        retry_after: float,
+    ) -> None:
+        self.run_id = run_id
+        self.spent = spent
+        self.reserved = reserved
+        self.requested = requested
+        super().__init__(key=run_id, rate=spent, limit=limit, retry_after=retry_after, unit=unit)
+
+    def describe(self) -> str:
+        amount = _usd if self.unit == "usd" else _tokens
+        return (
+            f"run budget exceeded for run {self.run_id!r}: {amount(self.spent)} spent and "
+            f"{amount(self.reserved)} held by calls in flight, of a limit of "
+            f"{amount(self.limit)}; this call needs about {amount(self.requested)} more "
+            "(its estimate), so it was not sent. Raise the run's limit "
+            "(tokenfuse.run(..., tokens=..., usd=...)) or end the run"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        found = super().as_dict()
+        found.update(
+            run_id=self.run_id, spent=self.spent, reserved=self.reserved, requested=self.requested
+        )
+        return found
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def _tokens(value: float) -> str:
+    return f"{_fmt(value)} tokens"

@@ -8,8 +8,8 @@ decision is counted by the metrics, and the verdicts become ``FailureLoop`` refu
 ``failure_loop`` / ``repeat_loop`` events. The operations are values, so a caller that runs
 other steps before the same call can send them together (``store.run_many``).
 
-The rule and the fingerprint are the core's (``_core/loops.py``); docs/failure-loops.md is
-the user's guide.
+The rule and the fingerprint are the core's (``_core/loops.py``); the user's guide is
+docs/guards.md#failure-loop-breaker.
 """
 
 from __future__ import annotations

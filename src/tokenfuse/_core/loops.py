@@ -3,7 +3,7 @@
 A stuck agent repeats one call: the same request, failing the same way, each too cheap for a
 rate or a budget to notice. This module is the rule (``_stores/lua/_lib.lua`` is its twin,
 held to it by ``tests/stores/test_loops_differential.py``) and the fingerprint that names a
-call. ``docs/failure-loops.md`` is the user's view.
+call. ``docs/guards.md#failure-loop-breaker`` is the user's view.
 
 **Fingerprint.** A call is named by a keyed hash (HMAC-SHA256 under the deployment secret,
 64 bits as 16 hex characters) of its method, host, path and *normalised* body: the JSON body

@@ -17,6 +17,7 @@ from .mcp.mode import McpMode
 from .reply import Headers, Reply, unavailable
 from .report import parse_amount
 from .request import AsgiRequest
+from .run_binding import run_of
 from .shell import InboundMiddleware
 
 __all__ = ["TokenFuse"]
@@ -91,13 +92,22 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
             self._mcp = McpShell(self.guard, mode, self.cost)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._guarded(scope, receive, send, AsgiRequest(scope))
+            return
+        request = AsgiRequest(scope)
+        with run_of(request):  # run budgets: the caller's run, bound for the handler
+            await self._guarded(scope, receive, send, request)
+
+    async def _guarded(
+        self, scope: Scope, receive: Receive, send: Send, request: AsgiRequest
+    ) -> None:
         if self._mcp is not None and scope["type"] == "http":
             await self._mcp(scope, receive, send, self.app)
             return
         if scope["type"] == "lifespan" and self.guard.leases is not None:
             await self.app(scope, _giving_leases_back(receive, self.guard.leases), send)
             return
-        request = AsgiRequest(scope)
         plan = self.guard.plan(request) if scope["type"] == "http" else None
         if plan is None:
             await self.app(scope, receive, send)

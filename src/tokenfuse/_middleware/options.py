@@ -106,8 +106,8 @@ class InboundOptions:
         failure_loops: the failure-loop breaker (``FailureLoopPolicy``): the same caller
             calling the same route with the same arguments and getting an error (status 400
             or more, 429 excepted) ``failures`` times within ``window`` gets a 429 naming the
-            call and the count (``docs/failure-loops.md``). ``None`` turns it off. MCP mode
-            has its own (``docs/mcp.md``).
+            call and the count (``docs/guards.md#failure-loop-breaker``). ``None`` turns it
+            off. MCP mode has its own (``docs/mcp.md``).
     """
 
     fuse: Fuse | None = None

@@ -17,6 +17,7 @@ from .loops import LoopCall, iterable_closing, read_wsgi_body, status_of
 from .reply import Reply, unavailable
 from .report import Report, parse_amount
 from .request import WsgiRequest
+from .run_binding import run_of
 from .shell import InboundMiddleware
 
 if TYPE_CHECKING:
@@ -96,6 +97,12 @@ class TokenFuseWSGI(InboundMiddleware[WSGIApplication]):
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         request = WsgiRequest(environ)
+        with run_of(request):  # run budgets: the caller's run, bound for the handler
+            return self._guarded(environ, start_response, request)
+
+    def _guarded(
+        self, environ: WSGIEnvironment, start_response: StartResponse, request: WsgiRequest
+    ) -> Iterable[bytes]:
         plan = self.guard.plan(request)
         if plan is None:
             return self.app(environ, start_response)

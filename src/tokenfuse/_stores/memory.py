@@ -11,10 +11,12 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .._core import bucket as _bucket
+from .._core import budget as _budget
 from .._core import loops as _loops
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
 from .._core.bucket import BucketPolicy, BucketState
+from .._core.budget import RunState, RunVerdict
 from .._core.lease import LeaseVerdict, grant, settle
 from .._core.loops import LoopState, LoopVerdict
 from .._core.status import Status, status_of
@@ -34,12 +36,16 @@ from .ops import (
     ListKeys,
     NoteLoop,
     Op,
+    OpenRun,
+    ReadRun,
     ReadState,
     ReadStatus,
     Record,
     RecordBatch,
+    Reserve,
     Reset,
     ReturnLease,
+    Settle,
     StoredState,
     Unset,
 )
@@ -107,9 +113,16 @@ class MemoryStore:
         max_keys: int = 20_000,
         ttl: float = 14 * 86_400.0,
         clock: Callable[[], float] = time.time,
+        max_runs: int = 10_000,
     ) -> None:
         if max_keys < 1:
             raise ConfigurationError("max_keys must be at least 1")
+        if max_runs < 1:
+            raise ConfigurationError("max_runs must be at least 1")
+        self.max_runs = max_runs
+        #: Runs evicted to make room for others (their budgets start again if they come back).
+        self.run_evictions = 0
+        self._runs: OrderedDict[str, RunState] = OrderedDict()
         self.max_keys = max_keys
         self.ttl = float(ttl)
         self.clock = clock
@@ -313,6 +326,66 @@ class MemoryStore:
         if entry is not None and entry.velocity is not None:
             _velocity.forgive(entry.velocity)
 
+    # -- run budgets: their own bounded table ---------------------------------------------------
+
+    def _run(self, key: str, now: float) -> RunState | None:
+        """The run's live state, marked most recently used; lock held."""
+        state = _budget.live(self._runs.get(key), now)
+        if state is None:
+            self._runs.pop(key, None)
+            return None
+        self._runs.move_to_end(key)
+        return state
+
+    def _keep_run(self, key: str, state: RunState, now: float) -> None:
+        self._runs[key] = state
+        self._runs.move_to_end(key)
+        if len(self._runs) <= self.max_runs:
+            return
+        probed = itertools.islice(self._runs.items(), EVICTION_PROBES + 1)
+        oldest = [(k, run) for k, run in probed if k != key][:EVICTION_PROBES]
+        victim = next(
+            (k for k, run in oldest if run.expires <= now),
+            next((k for k, run in oldest if run.reserved_tokens == run.reserved_usd == 0), None),
+        )
+        del self._runs[victim if victim is not None else oldest[0][0]]
+        self.run_evictions += 1
+        if victim is None:
+            logger.warning(
+                "tokenfuse MemoryStore evicted a run with calls in flight (%d runs); raise "
+                "max_runs",
+                len(self._runs),
+            )
+
+    def _open_run(self, op: OpenRun, now: float) -> RunVerdict:
+        state = _budget.open_run(
+            self._run(op.key, now), now, op.ttl, op.token_limit, op.usd_limit, op.join
+        )
+        self._keep_run(op.key, state, now)
+        return RunVerdict(allowed=True, state=replace(state))
+
+    def _reserve(self, op: Reserve, now: float) -> RunVerdict:
+        state = self._run(op.key, now) or _budget.new_run(
+            now, op.ttl, _budget.NO_LIMIT, _budget.NO_LIMIT
+        )
+        verdict = _budget.reserve(state, now, op.ttl, op.tokens, op.usd)
+        self._keep_run(op.key, state, now)
+        verdict.state = replace(state)
+        return verdict
+
+    def _settle(self, op: Settle, now: float) -> RunVerdict:
+        state = self._run(op.key, now) or _budget.new_run(
+            now, op.ttl, _budget.NO_LIMIT, _budget.NO_LIMIT
+        )
+        verdict = _budget.settle(state, now, op.ttl, op.held_tokens, op.held_usd, op.tokens, op.usd)
+        self._keep_run(op.key, state, now)
+        verdict.state = replace(state)
+        return verdict
+
+    def _read_run(self, op: ReadRun, now: float) -> RunState | None:
+        state = _budget.live(self._runs.get(op.key), now)
+        return replace(state) if state is not None else None
+
     def _configure(self, op: Configure, now: float) -> None:
         entry = self._entry(op.key, now)
         if not isinstance(op.limit, Unset):
@@ -377,6 +450,10 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     CheckLoops: MemoryStore._check_loops,
     NoteLoop: MemoryStore._note_loop,
     ForgetLoops: MemoryStore._forget_loops,
+    OpenRun: MemoryStore._open_run,
+    Reserve: MemoryStore._reserve,
+    Settle: MemoryStore._settle,
+    ReadRun: MemoryStore._read_run,
 }
 
 

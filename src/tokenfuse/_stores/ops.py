@@ -19,6 +19,7 @@ from typing import ClassVar, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState
+from .._core.budget import RunState, RunVerdict
 from .._core.lease import LeaseVerdict
 from .._core.loops import LoopPolicy, LoopVerdict
 from .._core.status import Status
@@ -37,12 +38,16 @@ __all__ = [
     "ListKeys",
     "NoteLoop",
     "Op",
+    "OpenRun",
+    "ReadRun",
     "ReadState",
     "ReadStatus",
     "Record",
     "RecordBatch",
+    "Reserve",
     "Reset",
     "ReturnLease",
+    "Settle",
     "StoredState",
     "Unset",
 ]
@@ -283,3 +288,53 @@ class ForgetLoops(Op[int]):
     name: ClassVar[str] = "forget_loops"
     key: str
     fingerprint: str = ""
+
+
+# -- run budgets: one key per run, ``run:<keyed hash of the run id>`` (``_core/budget``) --------
+# ``ttl`` is the run's own: its state expires that many seconds after its last write.
+
+
+@dataclass(slots=True)
+class OpenRun(Op[RunVerdict]):
+    """Open the run with its limits (-1: none in that unit), or ``join`` it: keep the limits
+    it has, as a subagent in another process does (``budget.open_run``)."""
+
+    name: ClassVar[str] = "run_open"
+    key: str
+    token_limit: float
+    usd_limit: float
+    ttl: float
+    join: bool = False
+
+
+@dataclass(slots=True)
+class Reserve(Op[RunVerdict]):
+    """Hold a call's estimate before it is sent, or refuse it (``budget.reserve``)."""
+
+    name: ClassVar[str] = "run_reserve"
+    key: str
+    tokens: float
+    usd: float
+    ttl: float
+
+
+@dataclass(slots=True)
+class Settle(Op[RunVerdict]):
+    """Replace a reservation (``held_*``) by what the call spent; 0 and 0 release it
+    (``budget.settle``)."""
+
+    name: ClassVar[str] = "run_settle"
+    key: str
+    held_tokens: float
+    held_usd: float
+    tokens: float
+    usd: float
+    ttl: float
+
+
+@dataclass(slots=True)
+class ReadRun(Op[RunState | None]):
+    """The run's state, read without changing anything; None when there is no such run."""
+
+    name: ClassVar[str] = "run_read"
+    key: str

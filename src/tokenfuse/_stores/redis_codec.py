@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
+from .._core.budget import RunState, RunVerdict
 from .._core.lease import LeaseVerdict
 from .._core.loops import (
     ERROR_LENGTH,
@@ -47,12 +48,16 @@ from .ops import (
     Lease,
     NoteLoop,
     Op,
+    OpenRun,
+    ReadRun,
     ReadState,
     ReadStatus,
     Record,
     RecordBatch,
+    Reserve,
     Reset,
     ReturnLease,
+    Settle,
     StoredState,
     Unset,
 )
@@ -62,6 +67,8 @@ __all__ = [
     "BUCKET_LAYOUT",
     "CODECS",
     "LOOP_CALL",
+    "RUN_BLOCK",
+    "RUN_LAYOUT",
     "VELOCITY_BLOCK",
     "VELOCITY_LAYOUT",
     "VELOCITY_RINGS",
@@ -70,6 +77,7 @@ __all__ = [
     "key_of",
     "loop_state",
     "loops_key_of",
+    "run_state",
     "states_of",
     "velocity_state",
 ]
@@ -106,6 +114,13 @@ VELOCITY_BLOCK = struct.Struct(
     "<" + "d" * (len(VELOCITY_LAYOUT) + sum(size for _, size in VELOCITY_RINGS) + 1)
 )
 BUCKET_BLOCK = struct.Struct("<" + "d" * (len(BUCKET_LAYOUT) + 2))
+# A run (``tokenfuse.run``) is one string of its own, ``<prefix>:{run:<keyed hash>}``: RUN_LAYOUT
+# as little-endian doubles, 72 bytes, written with the run's own TTL (lua/_budget.lua).
+RUN_LAYOUT = (
+    "token_limit", "usd_limit", "spent_tokens", "spent_usd", "reserved_tokens", "reserved_usd",
+    "expires", "near_alerted", "exceeded_alerted",
+)  # fmt: skip
+RUN_BLOCK = struct.Struct("<" + "d" * len(RUN_LAYOUT))
 _V_INTS = frozenset(
     {"head", "minute_head", "samples", "discard_through", "strikes", "trip_reason", "excused_slot"}
 )
@@ -329,6 +344,28 @@ def _configure_args(op: Configure, now: str, ttl: str) -> Args:
     return (now, ttl, _override(op.limit), _override(op.capacity), _override(op.rate))
 
 
+def _ttl_ms(ttl: float) -> str:
+    return str(max(1, round(ttl * 1000)))
+
+
+def _open_run_args(op: OpenRun, now: str, ttl: str) -> Args:
+    limits = (_number(op.token_limit), _number(op.usd_limit))
+    return (now, _ttl_ms(op.ttl), _number(op.ttl), *limits, "1" if op.join else "0")
+
+
+def _reserve_args(op: Reserve, now: str, ttl: str) -> Args:
+    return (now, _ttl_ms(op.ttl), _number(op.ttl), _number(op.tokens), _number(op.usd))
+
+
+def _settle_args(op: Settle, now: str, ttl: str) -> Args:
+    held = (_number(op.held_tokens), _number(op.held_usd))
+    return (now, _ttl_ms(op.ttl), _number(op.ttl), *held, _number(op.tokens), _number(op.usd))
+
+
+def _read_run_args(op: ReadRun, now: str, ttl: str) -> Args:
+    return (now,)
+
+
 # -- replies --------------------------------------------------------------------------------------
 # One text reply per decision (bytes, or str with decode_responses): space-separated fields,
 # floats exact (%.17g), None as 'nan'. split() and float() accept bytes and str alike.
@@ -436,6 +473,30 @@ def _forgotten(op: ForgetLoops, reply: Any) -> int:
     return int(reply)
 
 
+_RUN_UNITS = {0: None, 1: "tokens", 2: "usd"}
+
+
+def run_state(fields: Sequence[Any]) -> RunState:
+    """The core's run state from its nine numbers (``RUN_LAYOUT``)."""
+    return RunState(*(float(text) for text in fields))
+
+
+def _run_verdict(op: OpenRun | Reserve | Settle, reply: bytes | str) -> RunVerdict:
+    fields = reply.split()
+    return RunVerdict(
+        allowed=int(fields[0]) == 1,
+        unit=_RUN_UNITS[int(fields[1])],
+        near=int(fields[2]) == 1,
+        exceeded=int(fields[3]) == 1,
+        state=run_state(fields[4:]),
+    )
+
+
+def _run_read(op: ReadRun, reply: bytes | str) -> RunState | None:
+    fields = reply.split()
+    return run_state(fields) if fields else None
+
+
 def _nothing(op: Reset | Forgive | Configure, reply: object) -> None:
     return None
 
@@ -476,4 +537,8 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     CheckLoops: Codec(_check_loops_args, _loop_verdict, loops_key_of),
     NoteLoop: Codec(_note_loop_args, _loop_verdict, loops_key_of),
     ForgetLoops: Codec(_forget_loops_args, _forgotten, loops_key_of),
+    OpenRun: Codec(_open_run_args, _run_verdict),
+    Reserve: Codec(_reserve_args, _run_verdict),
+    Settle: Codec(_settle_args, _run_verdict),
+    ReadRun: Codec(_read_run_args, _run_read),
 }

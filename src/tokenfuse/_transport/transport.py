@@ -22,6 +22,7 @@ They differ only where they do I/O: the inner transport and the store. Each refu
 from __future__ import annotations
 
 import threading
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -29,8 +30,10 @@ from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Fuse, default_fuse
 from .._loops import FailureLoopPolicy
+from .._runs.ledger import Hold
 from .._usage import ExtractorRegistry
 from .._usage.request import ERROR_HEAD
+from .budget_step import BudgetStep
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
 from .loop_step import LoopStep
@@ -172,7 +175,7 @@ class FuseTransport(_SyncBase):
             same request sent again and again. On by default; ``None`` turns it off.
 
     Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``,
-    ``FailureLoop``); the
+    ``FailureLoop``, and ``BudgetExceeded`` inside ``tokenfuse.run``: ``budget_step``); the
     report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
     """
 
@@ -194,6 +197,7 @@ class FuseTransport(_SyncBase):
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
         self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
+        self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -214,15 +218,23 @@ class FuseTransport(_SyncBase):
     def handle_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        gate = self.fuse.gate(identity)
+        # -- run budgets (budget_step): the gate and the reservations in one round trip;
+        # -- released if sending raises --------------------------------------------------
+        gate, hold = self._budget.gate_and_reserve(identity, request)
         self._gate.check(gate, request)
-        watch = self._loops.before(identity, request)  # failure-loop breaker (loop_step)
-        response, sent = self._send(flavor, request)
+        try:
+            watch = self._loops.before(identity, request)  # failure-loop breaker (loop_step)
+            response, sent = self._send(flavor, request)
+        except BaseException:
+            self._budget.settle(hold, None)
+            raise
+        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
-            response.stream = sync_stream_type(flavor)(response.stream, meter, self._settle)
+            response.stream = sync_stream_type(flavor)(response.stream, meter, settle)
         else:
-            self._settle(meter, True)
+            settle(meter, True)
         self._loops.after(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
@@ -267,8 +279,15 @@ class FuseTransport(_SyncBase):
                     made = self._made[flavor.name] = flavor.http_transport()
         return made
 
-    def _settle(self, meter: Meter, complete: bool) -> None:
+    def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
+        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
+        inline = None if amount is None or self._recorder else (meter.identity, amount)
+        recorded, decision = self._budget.settle(hold, meter.report.usage, inline)
+        if recorded:
+            meter.report.record = decision
+            return
+        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:
@@ -308,6 +327,7 @@ class AsyncFuseTransport(_AsyncBase):
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
         self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
+        self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -327,15 +347,23 @@ class AsyncFuseTransport(_AsyncBase):
     async def handle_async_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        gate = await self.fuse.agate(identity)
+        # -- run budgets (budget_step): the gate and the reservations in one round trip;
+        # -- released if sending raises --------------------------------------------------
+        gate, hold = await self._budget.agate_and_reserve(identity, request)
         self._gate.check(gate, request)
-        watch = await self._loops.abefore(identity, request)  # failure-loop breaker (loop_step)
-        response, sent = await self._send(flavor, request)
+        try:
+            watch = await self._loops.abefore(identity, request)  # failure-loop breaker
+            response, sent = await self._send(flavor, request)
+        except BaseException:
+            await self._budget.asettle(hold, None)
+            raise
+        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
-            response.stream = async_stream_type(flavor)(response.stream, meter, self._settle)
+            response.stream = async_stream_type(flavor)(response.stream, meter, settle)
         else:
-            await self._settle(meter, True)
+            await settle(meter, True)
         await self._loops.aafter(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
@@ -378,8 +406,15 @@ class AsyncFuseTransport(_AsyncBase):
             made = self._made[flavor.name] = flavor.async_http_transport()
         return made
 
-    async def _settle(self, meter: Meter, complete: bool) -> None:
+    async def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
+        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
+        inline = None if amount is None or self._recorder else (meter.identity, amount)
+        recorded, decision = await self._budget.asettle(hold, meter.report.usage, inline)
+        if recorded:
+            meter.report.record = decision
+            return
+        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:
