@@ -8,8 +8,8 @@ process sharing it::
         orchestrate()                       # every guarded LLM call inside counts
     print(run.spent, run.remaining)
 
-A stuck agent's failing call, repeated, is refused with ``FailureLoop``;
-``forget_loops(error)`` lets it through again. docs/guards.md in the repository describes each guard.
+A stuck agent's failing call, repeated, is refused with ``FailureLoop``; ``forget_loops(error)``
+lets it through again. docs/guards.md in the repository describes each guard.
 """
 
 from __future__ import annotations
