@@ -247,6 +247,14 @@ class LoopBreaker:
         decision = await self.fuse._adecide(identity, self.check_op(identity, call), judge)
         return decision, judge.verdict
 
+    def concluded(
+        self, identity: Identity, call: CallName, op: CheckLoops, verdict: Any, started: float
+    ) -> Decision:
+        """``check``'s decision on the verdict of ``op`` run in a pipeline shared with other
+        steps (the transport sends it with its gate: ``Fuse.gate_with``); ``started``: when
+        the check began, for the decision metric (0: nobody watches)."""
+        return self.fuse._conclude(identity, op, _Judge(self, call, None), verdict, started)
+
     def note(
         self, identity: Identity, call: CallName, failed: bool, status: int = 0, error: str = ""
     ) -> Decision:

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.admission import AdmitVerdict
+from .._core.lease import LeaseVerdict
 from .._core.velocity import REASON_CODES, VelocityVerdict
-from .ops import Admit, Forgive, Gate, Op, Record, RecordBatch, Reset
+from .ops import Admit, Forgive, Gate, Lease, Op, Record, RecordBatch, Reset, ReturnLease
 
 __all__ = ["HEARTBEAT", "STALE_AFTER", "OpenKeyCounts", "OpenKeys"]
 
@@ -200,6 +201,13 @@ class OpenKeys:
             verdict = result.velocity if isinstance(result, AdmitVerdict) else result
             if isinstance(verdict, VelocityVerdict) and verdict.tripped:
                 self._open[key] = (float("inf"), None)
+        elif kind is Lease or kind is ReturnLease:
+            # the amounts a lease admitted are recorded when it is renewed or given back
+            tripped = result.tripped if isinstance(result, LeaseVerdict) else result
+            admitted = result.admit.velocity if isinstance(result, LeaseVerdict) else None
+            for verdict in (tripped, admitted):
+                if isinstance(verdict, VelocityVerdict) and verdict.tripped:
+                    self._open[key] = (float("inf"), None)
         elif kind is Reset or kind is Forgive:
             self._open.pop(key, None)
 

@@ -193,24 +193,38 @@ class RedisStore:
 
     def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
         """Run several operations in one pipeline (one round trip), each its own script call,
-        in order; their results in the same order. Needs a sync client."""
-        keys, pipe = self._pipeline(self._clients.sync_client(), ops)
+        in order; their results in the same order. A gate the open-key view answers is not
+        sent (no round trip at all when it was the only one). Needs a sync client."""
+        known, sending = self._known_many(ops)
+        if not sending:
+            return known
+        keys, pipe = self._pipeline(self._clients.sync_client(), sending)
         with Unavailable("batch"):
             replies = pipe.execute(raise_on_error=False)
             scripts = self._clients.sync_scripts()
             for at in _missing_scripts(replies):  # NOSCRIPT: EVAL, which caches it
-                replies[at] = scripts[ops[at].name]((keys[at],), self._args(ops[at]))
-        return self._results(ops, keys, replies)
+                replies[at] = scripts[sending[at].name]((keys[at],), self._args(sending[at]))
+        return _merged(known, self._results(sending, keys, replies))
 
     async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
         """``run_many`` for asyncio code."""
-        keys, pipe = self._pipeline(self._clients.async_client(), ops)
+        known, sending = self._known_many(ops)
+        if not sending:
+            return known
+        keys, pipe = self._pipeline(self._clients.async_client(), sending)
         with Unavailable("batch"):
             replies = await pipe.execute(raise_on_error=False)
             scripts = self._clients.async_scripts()
             for at in _missing_scripts(replies):
-                replies[at] = await scripts[ops[at].name]((keys[at],), self._args(ops[at]))
-        return self._results(ops, keys, replies)
+                replies[at] = await scripts[sending[at].name]((keys[at],), self._args(sending[at]))
+        return _merged(known, self._results(sending, keys, replies))
+
+    def _known_many(self, ops: Sequence[Op[Any]]) -> tuple[list[Any], list[Op[Any]]]:
+        """What the open-key view answers (None where it does not), and the ops to send."""
+        if self.open_keys is None:
+            return [None] * len(ops), list(ops)
+        known = [self._known(op)[1] for op in ops]
+        return known, [op for op, answer in zip(ops, known, strict=True) if answer is None]
 
     def _pipeline(self, client: Any, ops: Sequence[Op[Any]]) -> tuple[list[str], Any]:
         """The operations' keys, and a pipeline (no transaction) of their EVALSHAs."""
@@ -247,6 +261,12 @@ class RedisStore:
         if self.open_keys is not None:
             self.open_keys.learn(op, key, result)
         return result
+
+
+def _merged(known: list[Any], sent: list[Any]) -> list[Any]:
+    """The results in the operations' order: the view's answers, the replies in the gaps."""
+    replies = iter(sent)
+    return [next(replies) if answer is None else answer for answer in known]
 
 
 def _missing_scripts(replies: list[Any]) -> Iterator[int]:

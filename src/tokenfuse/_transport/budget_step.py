@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import BudgetExceeded, StoreUnavailable
@@ -33,6 +34,7 @@ from .._identity import Identity
 from .._runs import pricing
 from .._runs.context import RUN_HEADER, Bound, bound_runs, run_event
 from .._runs.ledger import Hold, hold_for
+from .._stores.ops import Op
 from .._usage import Usage
 from .._usage.estimate import tokens_for
 from .refusal import for_sdks, through_anthropic_sdk
@@ -130,58 +132,88 @@ class BudgetStep:
         hold.priced = priced
         return hold
 
-    def gate_and_reserve(self, identity: Identity, request: Any) -> tuple[Decision, Hold | None]:
-        """The velocity gate and the call's reservations on every bound run, in one round
-        trip to the transport's store (``Fuse.gate_with``); runs kept in another store get a
-        pipeline of their own. Raises ``BudgetExceeded`` when a run cannot afford the call;
-        a gate that refuses wins (its refusal is the transport's to raise), and then nothing
-        stays reserved."""
+    def gate_and_reserve(
+        self, identity: Identity, request: Any, also: Sequence[Op[Any]] = ()
+    ) -> tuple[Decision, Hold | None, list[Any] | None]:
+        """The velocity gate, the call's reservations on every bound run and ``also`` (the
+        failure-loop check), in one round trip to the transport's store (``Fuse.gate_with``);
+        runs kept in another store get a pipeline of their own. Raises ``BudgetExceeded``
+        when a run cannot afford the call; a gate that refuses wins (its refusal is the
+        transport's to raise), and then nothing stays reserved. Returns the gate's decision,
+        the hold, and the results of ``also`` (None when the store was not asked or failed:
+        the gate's decision has counted that)."""
         hold = self._hold(request)
         if hold is None or not hold.tokens:
-            return self.fuse.gate(identity), hold
+            decision, found = self._gate_with(identity, also)
+            return decision, hold, found
         gate: Decision | None = None
+        also_found: list[Any] | None = None
         results: list[list[Any] | None] = []
         for group in hold.groups:
             ops = hold.reserve_ops(group)
             if gate is None and group.fuse.store is self.fuse.store:
-                gate, found = self.fuse.gate_with(identity, ops)
+                gate, found = self.fuse.gate_with(identity, [*also, *ops])
+                also_found, found = _split(found, len(also))
             else:
                 found = group.fuse.run_guarded(ops)
             results.append(found)
         if gate is None:
-            gate = self.fuse.gate(identity)
-        refusal, releases = hold.judge(results)
-        if not (gate.allowed or self.shadow):
-            refusal, releases = None, releases + hold.releases()
+            gate, also_found = self._gate_with(identity, also)
+        refusal, releases = self._verdict(hold, gate, results)
         for fuse, ops in releases:
             fuse.run_guarded(ops)
         self._refuse(refusal, request)
-        return gate, hold
+        return gate, hold, also_found
 
     async def agate_and_reserve(
-        self, identity: Identity, request: Any
-    ) -> tuple[Decision, Hold | None]:
+        self, identity: Identity, request: Any, also: Sequence[Op[Any]] = ()
+    ) -> tuple[Decision, Hold | None, list[Any] | None]:
         hold = self._hold(request)
         if hold is None or not hold.tokens:
-            return await self.fuse.agate(identity), hold
+            decision, found = await self._agate_with(identity, also)
+            return decision, hold, found
         gate: Decision | None = None
+        also_found: list[Any] | None = None
         results: list[list[Any] | None] = []
         for group in hold.groups:
             ops = hold.reserve_ops(group)
             if gate is None and group.fuse.store is self.fuse.store:
-                gate, found = await self.fuse.agate_with(identity, ops)
+                gate, found = await self.fuse.agate_with(identity, [*also, *ops])
+                also_found, found = _split(found, len(also))
             else:
                 found = await group.fuse.arun_guarded(ops)
             results.append(found)
         if gate is None:
-            gate = await self.fuse.agate(identity)
-        refusal, releases = hold.judge(results)
-        if not (gate.allowed or self.shadow):
-            refusal, releases = None, releases + hold.releases()
+            gate, also_found = await self._agate_with(identity, also)
+        refusal, releases = self._verdict(hold, gate, results)
         for fuse, ops in releases:
             await fuse.arun_guarded(ops)
         self._refuse(refusal, request)
-        return gate, hold
+        return gate, hold, also_found
+
+    def _gate_with(
+        self, identity: Identity, also: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        if not also:
+            return self.fuse.gate(identity), None
+        return self.fuse.gate_with(identity, also)
+
+    async def _agate_with(
+        self, identity: Identity, also: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        if not also:
+            return await self.fuse.agate(identity), None
+        return await self.fuse.agate_with(identity, also)
+
+    def _verdict(
+        self, hold: Hold, gate: Decision, results: list[list[Any] | None]
+    ) -> tuple[BudgetExceeded | None, list[tuple[Fuse, list[Op[Any]]]]]:
+        """The run's refusal (or None) and the reservations to give back: all of them when
+        the gate refused (its refusal is the one raised)."""
+        refusal, releases = hold.judge(results)
+        if not (gate.allowed or self.shadow):
+            refusal, releases = None, releases + hold.releases()
+        return refusal, releases
 
     def _refuse(self, refusal: BudgetExceeded | None, request: Any) -> None:
         if refusal is None:
@@ -272,3 +304,10 @@ class BudgetStep:
             )
             run_event(self.fuse, "price_unknown", model or "", detail)
         return price
+
+
+def _split(found: list[Any] | None, count: int) -> tuple[list[Any] | None, list[Any] | None]:
+    """A shared pipeline's results: the first ``count`` (``also``), then the rest."""
+    if found is None:
+        return None, None
+    return found[:count], found[count:]

@@ -218,18 +218,20 @@ class FuseTransport(_SyncBase):
     def handle_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        # -- run budgets (budget_step): the gate and the reservations in one round trip;
-        # -- released if sending raises --------------------------------------------------
-        gate, hold = self._budget.gate_and_reserve(identity, request)
+        # One round trip before sending: the velocity gate, the run budgets' reservations
+        # (budget_step) and the failure-loop check (loop_step). A refusing gate releases the
+        # reservations; a refusing loop check, or a send that raises, releases them here.
+        check = self._loops.prepare(identity, request)
+        also = check.ops() if check is not None else ()
+        gate, hold, found = self._budget.gate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
         try:
-            watch = self._loops.before(identity, request)  # failure-loop breaker (loop_step)
+            watch = self._loops.conclude(identity, check, found and found[0], request)
             response, sent = self._send(flavor, request)
         except BaseException:
             self._budget.settle(hold, None)
             raise
         settle = self._settle if hold is None else partial(self._settle, hold=hold)
-        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = sync_stream_type(flavor)(response.stream, meter, settle)
@@ -287,7 +289,6 @@ class FuseTransport(_SyncBase):
         if recorded:
             meter.report.record = decision
             return
-        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:
@@ -347,18 +348,18 @@ class AsyncFuseTransport(_AsyncBase):
     async def handle_async_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        # -- run budgets (budget_step): the gate and the reservations in one round trip;
-        # -- released if sending raises --------------------------------------------------
-        gate, hold = await self._budget.agate_and_reserve(identity, request)
+        # One round trip before sending, as in FuseTransport.handle_request.
+        check = self._loops.prepare(identity, request)
+        also = check.ops() if check is not None else ()
+        gate, hold, found = await self._budget.agate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
         try:
-            watch = await self._loops.abefore(identity, request)  # failure-loop breaker
+            watch = self._loops.conclude(identity, check, found and found[0], request)
             response, sent = await self._send(flavor, request)
         except BaseException:
             await self._budget.asettle(hold, None)
             raise
         settle = self._settle if hold is None else partial(self._settle, hold=hold)
-        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
             response.stream = async_stream_type(flavor)(response.stream, meter, settle)
@@ -414,7 +415,6 @@ class AsyncFuseTransport(_AsyncBase):
         if recorded:
             meter.report.record = decision
             return
-        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:
