@@ -349,7 +349,8 @@ def test_the_gate_and_the_reservations_of_nested_runs_go_in_one_round_trip(clock
         store.trips.clear()
         ask_openai(client)
     assert store.trips == [
-        ("Gate", "Reserve", "Reserve"),  # before the call: one round trip
+        # before the call: one round trip (the failure-loop breaker's check goes with it)
+        ("Gate", "CheckLoops", "Reserve", "Reserve"),
         ("Record", "Settle", "Settle"),  # after it: one more
     ]
 
@@ -364,7 +365,7 @@ def test_background_records_leave_the_settlements_alone_on_the_callers_path(
     with run("run-background", tokens=10**6, fuse=fuse) as budget:
         store.trips.clear()
         ask_openai(client)
-        assert store.trips[:2] == [("Gate", "Reserve"), ("Settle",)]
+        assert store.trips[:2] == [("Gate", "CheckLoops", "Reserve"), ("Settle",)]
         assert budget.spent.tokens == OPENAI_CALL
     transport.close()  # flushes the background record
     assert fuse.status(Identity.secret(OPENAI_KEY)).rate == OPENAI_CALL

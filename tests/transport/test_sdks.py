@@ -156,13 +156,18 @@ class Gates:
 
     def __init__(self, fuse: Fuse) -> None:
         self.count = 0
-        gate = fuse.gate
+        gate, gate_with = fuse.gate, fuse.gate_with
 
         def counted(who: Any) -> Any:
             self.count += 1
             return gate(who)
 
+        def counted_with(who: Any, ops: Any) -> Any:  # the gate with other steps' operations
+            self.count += 1
+            return gate_with(who, ops)
+
         fuse.gate = counted  # type: ignore[method-assign]
+        fuse.gate_with = counted_with  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize(("make", "key", "per_call"), SDKS)
