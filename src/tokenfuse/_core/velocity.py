@@ -248,6 +248,9 @@ def _zeros(count: int) -> list[float]:
     return [0.0] * count
 
 
+_EMPTY_SLOTS = (0.0,) * SLOTS
+
+
 @dataclass(slots=True)
 class VelocityState:
     """Everything a store keeps for one key: a fixed number of fields, whatever the traffic."""
@@ -309,11 +312,21 @@ def _advance(state: VelocityState, now: float) -> int:
     """Move the 60 s ring to the slot of ``now``, zeroing slots that fell out of the window."""
     slot = math.floor(now / SLOT_SECONDS)
     if slot > state.head:
-        for index in range(max(state.head + 1, slot - SLOTS + 1), slot + 1):
-            state.amounts[index % SLOTS] = 0.0
-            state.largest[index % SLOTS] = 0.0
-        state.head = slot
+        _advance_to(state, slot)
     return state.head  # a clock that stepped back writes into the newest slot
+
+
+def _advance_to(state: VelocityState, slot: int) -> None:
+    """``_advance`` to a later slot."""
+    amounts, largest = state.amounts, state.largest
+    if slot - state.head >= SLOTS:  # the whole window fell out (a key idle for a minute)
+        amounts[:] = _EMPTY_SLOTS
+        largest[:] = _EMPTY_SLOTS
+    else:
+        for index in range(state.head + 1, slot + 1):
+            amounts[index % SLOTS] = 0.0
+            largest[index % SLOTS] = 0.0
+    state.head = slot
 
 
 def _sliding_sum(values: list[float], head: int, now: float, seconds: float) -> float:
@@ -547,11 +560,13 @@ def _cold_start_rules(
 
 def _judge(state: VelocityState, amount: float, now: float, params: VelocityPolicy) -> _Finding:
     rate = _sliding_sum(state.amounts, state.head, now, SLOT_SECONDS)
-    baseline = state.baseline if established(state, now, params) else None
-    ceiling = manual_ceiling(state, params)
+    # established() and manual_ceiling() inline: this runs on every record
+    known = now - state.first_seen >= params.learning_period
+    baseline = state.baseline if known and state.samples >= params.min_samples else None
+    ceiling = state.limit_override if state.limit_override >= 0.0 else params.limit
     if ceiling is not None and rate > ceiling:
         return _MANUAL, rate, ceiling, baseline, WINDOW_SECONDS
-    allowance = _allowance(state, now)
+    allowance = _allowance(state, now) if any(state.profile) else 0.0
     if baseline is not None and baseline >= params.min_baseline:
         normal = max(baseline, allowance, _typical_peak(state, params))
         return _established_rules(state, amount, rate, normal, now, params)
@@ -619,9 +634,13 @@ def record(
     Amounts recorded while the key is open still count (they were paid for by calls that
     passed the gate before the trip) but cannot trip it again.
     """
-    if now >= (state.minute_head + 1) * MINUTE:  # a new minute: cheaper tested here
+    # The hot path of every guarded call: each window moved only when ``now`` left its slot.
+    if now >= (state.minute_head + 1) * MINUTE:
         _roll_minutes(state, now, params)
-    slot = _advance(state, now) % SLOTS
+    slot = math.floor(now / SLOT_SECONDS)
+    if slot > state.head:
+        _advance_to(state, slot)
+    slot = state.head % SLOTS
     state.amounts[slot] += amount
     if amount > state.largest[slot]:
         state.largest[slot] = amount
@@ -637,13 +656,9 @@ def record(
     if reason and limit is not None:
         _trip(state, finding, now, params)
         return _refusal(state, now, tripped=True)
-    return VelocityVerdict(
-        allowed=True,
-        rate=rate,
-        limit=limit,
-        baseline=baseline,
-        multiple=rate / baseline if baseline else None,
-    )
+    # allowed, tripped, reason, rate, limit, baseline, multiple: positional, which is faster
+    return VelocityVerdict(True, False, None, rate, limit, baseline,
+                           rate / baseline if baseline else None)  # fmt: skip
 
 
 def _clear_windows(state: VelocityState) -> None:
