@@ -222,9 +222,25 @@ def test_cold_start_adapts_to_what_the_key_has_shown(clock: Clock) -> None:
     fuse = make_fuse(clock)  # the defaults: established after 3 days
     assert steady(fuse, clock, 20_000, 90) == 0  # 80 learned minutes of 20,000/min
     assert steady(fuse, clock, 140_000, 1, every=5) == 0  # 7x: over 100,000, under 10 x shown
-    fresh = fuse.record("new", 60_000)
-    assert fresh.allowed
-    assert fuse.record("new", 60_000).error is not None  # 120,000 on a key that showed nothing
+    assert fuse.record("new", 60_000).allowed
+    # 120,000 on a key that showed nothing: over 100,000 with the largest call only
+    assert fuse.record("new", 60_000).allowed
+    refused = fuse.record("new", 60_000).error  # 120,000 without it
+    assert refused is not None and refused.reason == "cold_start_ceiling"
+
+
+def test_a_new_key_may_send_one_call_as_large_as_its_ten_minute_budget(clock: Clock) -> None:
+    fuse = make_fuse(clock, cold_start_limit=10_000)  # budget: 6,000/min, 60,000 in 10 min
+    assert fuse.record(KEY, 50_000).allowed  # over the 10,000 floor, but one call
+    for _ in range(60):  # and 5,000/min beside it for ten minutes: within the budget
+        assert fuse.record(KEY, 5_000 * 10 / MINUTE).allowed
+        clock.advance(10)
+    clock.advance(2 * MINUTE)  # the first large call has left the ten-minute window
+    assert fuse.record(KEY, 50_000).allowed
+    clock.advance(1)
+    refused = fuse.record(KEY, 50_000).error  # a second one in the minute is no single call
+    assert refused is not None and refused.reason == "cold_start_ceiling"
+    assert refused.limit == 10_000
 
 
 def test_the_cold_start_budget_bounds_ten_minutes_and_says_what_to_change(clock: Clock) -> None:

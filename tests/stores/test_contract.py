@@ -63,8 +63,14 @@ async def test_manual_ceiling_trips_and_latches_for_the_cooldown(
 
 
 async def test_cold_start_ceiling_applies_without_a_baseline(backend: Backend) -> None:
-    verdict = await backend.run(Record("k", 600, VelocityPolicy(cold_start_limit=500)))
+    # without a ten-minute budget (which lets one minute spend it all), the floor is the ceiling
+    policy = VelocityPolicy(cold_start_limit=500, cold_start_sustained=None)
+    verdict = await backend.run(Record("k", 600, policy))
     assert (verdict.reason, verdict.limit, verdict.baseline) == ("cold_start_ceiling", 500.0, None)
+    verdict = await backend.run(Record("k2", 600, VelocityPolicy(cold_start_limit=500)))
+    assert verdict.allowed  # 600 is one call, under the ten minutes' budget (10 x 300)
+    verdict = await backend.run(Record("k2", 600, VelocityPolicy(cold_start_limit=500)))
+    assert (verdict.reason, verdict.limit) == ("cold_start_ceiling", 500.0)
 
 
 async def test_the_window_slides_over_sixty_seconds(backend: Backend, clock: Clock) -> None:

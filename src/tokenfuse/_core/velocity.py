@@ -547,13 +547,16 @@ def _cold_start_rules(
             if params.ceiling_multiple is None
             else max(floor, params.ceiling_multiple * normal)
         )
+        if params.cold_start_sustained is not None:  # a minute may spend ten minutes' budget
+            top = max(top, params.cold_start_sustained * (LONG_WINDOW / MINUTE))
         if rate > top:
             return _COLD, rate, top, WINDOW_SECONDS
     budget = params.cold_start_sustained
     if budget is not None:
         budget = max(budget, params.sustained_baseline_multiple * normal)
         long_rate = _long_rate(state, now)
-        if long_rate > budget:
+        # like the sustained rule, without the window's largest call
+        if long_rate - max(state.minute_largest) * (MINUTE / LONG_WINDOW) > budget:
             return _BUDGET, long_rate, budget, LONG_WINDOW
     return 0, rate, None if floor is None else spike, WINDOW_SECONDS
 

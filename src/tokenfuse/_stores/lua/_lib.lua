@@ -461,13 +461,18 @@ local function cold_start_rules(v, rate, largest, normal, now, p)
     if rate - largest > spike then return COLD, rate, spike, WINDOW_SECONDS end
     local top = floor
     if p.ceiling_multiple ~= nil then top = math.max(floor, p.ceiling_multiple * normal) end
+    if p.cold_start_sustained ~= nil then
+      top = math.max(top, p.cold_start_sustained * (LONG_WINDOW / MINUTE))
+    end
     if rate > top then return COLD, rate, top, WINDOW_SECONDS end
   end
   local budget = p.cold_start_sustained
   if budget ~= nil then
     budget = math.max(budget, p.sustained_baseline_multiple * normal)
     local long = long_rate(v, now)
-    if long > budget then return BUDGET, long, budget, LONG_WINDOW end
+    if long - math.max(unpack(v.minute_largest)) * (MINUTE / LONG_WINDOW) > budget then
+      return BUDGET, long, budget, LONG_WINDOW
+    end
   end
   return 0, rate, spike, WINDOW_SECONDS
 end
