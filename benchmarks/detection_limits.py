@@ -1,7 +1,7 @@
 """What no rule can do on this traffic: the evidence behind the targets docs/detection.md
 leaves unmet.
 
-    python benchmarks/detection_limits.py [--seeds 5]
+    python benchmarks/detection_limits.py [--seeds 10]
 
 1. **12x-average loops within 60 s on bursty keys.** The busiest window of a production
    key's normal traffic (``detection_scenarios.production``, 28 days), as a multiple of the

@@ -33,8 +33,10 @@ number of calls. State stays a fixed size whatever the traffic.
    the key has shown ``S`` (its ``N`` once ``cold_start_samples`` minutes are learned, or what
    an operator forgave), never below the cold-start limits: ``cold_start_ceiling`` when the 60 s
    rate without its largest call is above ``max(cold_start_limit, spike_multiple x S)`` or
-   with it above ``max(cold_start_limit, ceiling_multiple x S)``; ``cold_start_budget`` when
-   the 10-minute rate is above ``max(cold_start_sustained, sustained_baseline_multiple x S)``.
+   with it above ``max(cold_start_limit, ceiling_multiple x S, 10 x cold_start_sustained)``
+   (a minute may spend the ten minutes' budget); ``cold_start_budget`` when the 10-minute
+   rate without its largest call is above ``max(cold_start_sustained,
+   sustained_baseline_multiple x S)``.
 
 **Baseline estimator.** The exponentially time-weighted mean of the key's *active* calendar
 minutes: ``weight = weight·2^(-Δt/half_life) + 1; baseline += (x - baseline) / weight``. A
@@ -139,8 +141,9 @@ class VelocityPolicy:
         min_samples: learned active minutes needed before the baseline counts (60).
         cold_start_limit: ceiling per minute over 60 s until the baseline is established
             (100,000), raised by what the key has shown.
-        cold_start_sustained: ceiling per minute over 10 minutes until then (``"auto"``:
-            60 % of ``cold_start_limit``, 60,000, about 3.6M tokens an hour).
+        cold_start_sustained: ceiling per minute over 10 minutes until then, the largest
+            call left out (``"auto"``: 60 % of ``cold_start_limit``, 60,000, about 3.6M
+            tokens an hour); one call may be as large as ten minutes of it.
         half_life: after this long, a learned minute weighs half as much (1 day).
         sustained_multiple: a 10-minute rate this many times the key's average, idle time
             included, is a loop (7.5)...
