@@ -51,7 +51,7 @@ def test_the_stream_pushes_a_trip_from_another_process(admin_server: str) -> Non
                 assert isinstance(keys, list)
                 assert all(key["key_id"] != looping or key["state"] != "open" for key in keys)
                 # Trip it now, in this process: a decision the server knows nothing of.
-                fuse.admit("agent-loop", amount=150_000)  # over the cold-start ceiling
+                fuse.admit("agent-loop", amount=700_000)  # over the cold-start ceiling
                 seen.append("tripped")
             elif name == "fuse" and data["kind"] == "tripped":
                 assert (data["key_id"], data["label"]) == (looping, "agent-loop")

@@ -134,6 +134,65 @@ def test_a_key_idle_most_of_the_day_is_judged_against_its_active_baseline(clock:
     assert "the average (idle time included)" in str(tripped)
 
 
+# -- bursty keys ----------------------------------------------------------------------------------
+
+ONLY_THE_SPIKE = {
+    **QUICK, "early_threshold": None, "sustained_multiple": 1e6,
+    "sustained_baseline_multiple": 1e6, "cold_start_limit": None,
+}  # fmt: skip
+
+
+def bursty(fuse: Fuse, clock: Clock, minutes: int) -> None:
+    """A minute of 3,400 after three of 200, one call a minute: a mean of 1,000 a minute and
+    a root mean square of 1,709."""
+    for minute in range(minutes):
+        assert fuse.record(KEY, 3_400.0 if minute % 4 == 3 else 200.0).allowed
+        clock.advance(MINUTE)
+
+
+@pytest.mark.parametrize("rms_share", [0.9, None])
+def test_a_bursty_key_is_judged_against_its_typical_busy_minute(
+    clock: Clock, rms_share: float | None
+) -> None:
+    fuse = make_fuse(clock, **ONLY_THE_SPIKE, rms_share=rms_share)
+    bursty(fuse, clock, 80)
+    learned = fuse.status(KEY).learned_baseline
+    assert learned == pytest.approx(1_000, rel=0.05)
+    # 12,000 in a minute, 11,000 without its largest call: 11x the mean, 7x the busy minute
+    decisions = []
+    for _ in range(12):
+        decisions.append(fuse.record(KEY, 1_000))
+        clock.advance(4.5)
+    tripped = [d.error for d in decisions if d.tripped]
+    if rms_share is None:  # the mean alone: the 10x contract trips
+        assert tripped and tripped[0] is not None and tripped[0].reason == "loop_suspected"
+        return
+    assert tripped == []
+    # ...while a minute at over 10x the busy minute still trips, and says against what
+    clock.advance(2 * MINUTE)
+    for _ in range(20):
+        decision = fuse.record(KEY, 1_000)
+        if decision.tripped:
+            break
+        clock.advance(2.9)
+    error = decision.error
+    assert error is not None and error.reason == "loop_suspected"
+    rms = math.sqrt((3 * 200.0**2 + 3_400.0**2) / 4)
+    assert error.baseline == pytest.approx(0.9 * rms, rel=0.05)
+    assert error.limit == pytest.approx(10 * error.baseline)
+
+
+@pytest.mark.parametrize(("samples", "tripped"), [(20, False), (60, True)])
+def test_cold_start_follows_the_key_after_cold_start_samples(
+    clock: Clock, samples: int, tripped: bool
+) -> None:
+    fuse = make_fuse(clock, cold_start_samples=samples)  # established after 3 days
+    assert steady(fuse, clock, 20_000, 35) == 0  # 25 learned minutes of 20,000/min
+    assert 20 <= fuse.status(KEY).samples < 60
+    trips = steady(fuse, clock, 140_000, 1, every=5)  # over 100,000, under 10 x shown
+    assert (trips > 0) is tripped
+
+
 # -- ceilings -------------------------------------------------------------------------------------
 
 
@@ -146,7 +205,11 @@ def test_an_established_key_keeps_a_ceiling_of_its_own(clock: Clock) -> None:
     assert baseline is not None
     decision = fuse.record(KEY, 150_000)
     assert decision.error is not None and decision.error.reason == "baseline_ceiling"
-    assert decision.error.limit == pytest.approx(100 * baseline)
+    # 100x the key's normal minute: its baseline, or a bit more once the 90,000 minute made
+    # it bursty (rms_share of its minutes' root mean square)
+    normal = decision.error.baseline
+    assert normal is not None and baseline <= normal < 1.5 * baseline
+    assert decision.error.limit == pytest.approx(100 * normal)
 
 
 def test_no_cold_start_ceiling_means_no_ceiling_of_its_own(clock: Clock) -> None:
@@ -159,9 +222,25 @@ def test_cold_start_adapts_to_what_the_key_has_shown(clock: Clock) -> None:
     fuse = make_fuse(clock)  # the defaults: established after 3 days
     assert steady(fuse, clock, 20_000, 90) == 0  # 80 learned minutes of 20,000/min
     assert steady(fuse, clock, 140_000, 1, every=5) == 0  # 7x: over 100,000, under 10 x shown
-    fresh = fuse.record("new", 60_000)
-    assert fresh.allowed
-    assert fuse.record("new", 60_000).error is not None  # 120,000 on a key that showed nothing
+    assert fuse.record("new", 60_000).allowed
+    # 120,000 on a key that showed nothing: over 100,000 with the largest call only
+    assert fuse.record("new", 60_000).allowed
+    refused = fuse.record("new", 60_000).error  # 120,000 without it
+    assert refused is not None and refused.reason == "cold_start_ceiling"
+
+
+def test_a_new_key_may_send_one_call_as_large_as_its_ten_minute_budget(clock: Clock) -> None:
+    fuse = make_fuse(clock, cold_start_limit=10_000)  # budget: 6,000/min, 60,000 in 10 min
+    assert fuse.record(KEY, 50_000).allowed  # over the 10,000 floor, but one call
+    for _ in range(60):  # and 5,000/min beside it for ten minutes: within the budget
+        assert fuse.record(KEY, 5_000 * 10 / MINUTE).allowed
+        clock.advance(10)
+    clock.advance(2 * MINUTE)  # the first large call has left the ten-minute window
+    assert fuse.record(KEY, 50_000).allowed
+    clock.advance(1)
+    refused = fuse.record(KEY, 50_000).error  # a second one in the minute is no single call
+    assert refused is not None and refused.reason == "cold_start_ceiling"
+    assert refused.limit == 10_000
 
 
 def test_the_cold_start_budget_bounds_ten_minutes_and_says_what_to_change(clock: Clock) -> None:

@@ -1,9 +1,9 @@
 """Fixtures of the framework tests: one stub LLM server on loopback, a fresh fuse per test.
 
 Every framework here is the real package, talking HTTP to ``AgentServer`` on 127.0.0.1. The
-fuse has the default policy: its cold-start ceiling (100,000 tokens/min) trips on the third
-40,000-token call, so a runaway agent is refused on its fourth call, and three requests reach
-the server.
+fuse has the default policy: its cold-start ceiling (100,000 tokens/min without the
+largest call) trips on the third 60,000-token call, so a runaway agent is refused on its
+fourth call, and three requests reach the server.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .stub import AgentServer
 # LiteLLM fetches its model price list from the internet on import unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-#: Requests that reach the server before a 40,000-token loop is refused.
+#: Requests that reach the server before a 60,000-token loop is refused.
 UNTIL_TRIP = 3
 
 

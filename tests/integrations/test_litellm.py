@@ -172,7 +172,7 @@ async def test_router_keeps_serving_other_agents_after_one_trips(server: AgentSe
     with tokenfuse.scope("other-agent"):
         for _ in range(2):
             response = await ask()
-            assert response.usage.total_tokens == 40_000
+            assert response.usage.total_tokens == 60_000
     assert sum(server.count(key) for key in keys) == sent + 2
 
 
@@ -187,7 +187,7 @@ def test_sync_router_keeps_serving_other_agents(server: AgentServer, fuse: Fuse)
         with tokenfuse.scope("runaway-agent"):
             assert_refused(run_loop(ask))
         with tokenfuse.scope("other-agent"):
-            assert ask().usage.total_tokens == 40_000
+            assert ask().usage.total_tokens == 60_000
     assert sum(server.count(key) for key in keys) == UNTIL_TRIP + 1
 
 

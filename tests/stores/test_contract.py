@@ -63,8 +63,14 @@ async def test_manual_ceiling_trips_and_latches_for_the_cooldown(
 
 
 async def test_cold_start_ceiling_applies_without_a_baseline(backend: Backend) -> None:
-    verdict = await backend.run(Record("k", 600, VelocityPolicy(cold_start_limit=500)))
+    # without a ten-minute budget (which lets one minute spend it all), the floor is the ceiling
+    policy = VelocityPolicy(cold_start_limit=500, cold_start_sustained=None)
+    verdict = await backend.run(Record("k", 600, policy))
     assert (verdict.reason, verdict.limit, verdict.baseline) == ("cold_start_ceiling", 500.0, None)
+    verdict = await backend.run(Record("k2", 600, VelocityPolicy(cold_start_limit=500)))
+    assert verdict.allowed  # 600 is one call, under the ten minutes' budget (10 x 300)
+    verdict = await backend.run(Record("k2", 600, VelocityPolicy(cold_start_limit=500)))
+    assert (verdict.reason, verdict.limit) == ("cold_start_ceiling", 500.0)
 
 
 async def test_the_window_slides_over_sixty_seconds(backend: Backend, clock: Clock) -> None:
@@ -324,9 +330,9 @@ async def test_every_write_sets_the_ttl(redis_backend: Backend) -> None:
     raw.pexpire(redis_backend.key("a"), 10_000)
     await redis_backend.run(Reset("a"))
     assert raw.pttl(redis_backend.key("a")) > 10_000
-    # one string per identity: velocity block (696 bytes) and/or bucket block (64 bytes)
+    # one string per identity: velocity block (704 bytes) and/or bucket block (64 bytes)
     sizes = [raw.strlen(redis_backend.key(key)) for key in ("r", "a", "c", "b")]
-    assert sizes == [696, 760, 760, 64]
+    assert sizes == [704, 768, 768, 64]
 
 
 @pytest.mark.parametrize("kind", ["redis-sync", "redis-async", "fakeredis"])
@@ -379,7 +385,7 @@ async def test_state_size_is_constant_whatever_the_traffic(
             size.append(raw.memory_usage(name) or 0)
         sizes.append(size)
     assert sizes[0] == sizes[1]
-    assert sizes[0][:2] == [b"string", (86 + 1 + 6 + 2) * 8]
+    assert sizes[0][:2] == [b"string", (87 + 1 + 6 + 2) * 8]
     if redis_backend.kind != "fakeredis":
         assert sizes[0][-1] < 2048
 

@@ -67,6 +67,8 @@ velocity_policies = st.builds(
     early_threshold=st.none() | st.floats(0.5, 15, **finite),
     ceiling_multiple=st.none() | st.floats(1, 200, **finite),
     learn_clip=st.floats(1, 10, **finite),
+    rms_share=st.none() | st.floats(0.1, 2, **finite),
+    cold_start_samples=st.integers(0, 5),
     half_life=st.floats(30, 3 * 86_400, **finite),
     cooldown=st.floats(0.5, 120, **finite),
     cooldown_max=st.floats(1, 3_600, **finite),
@@ -167,6 +169,8 @@ learning_policies = st.builds(
     early_threshold=st.floats(1, 10, **finite),
     ceiling_multiple=st.none() | st.floats(2, 60, **finite),
     learn_clip=st.floats(1, 6, **finite),
+    rms_share=st.none() | st.floats(0.5, 1.5, **finite),
+    cold_start_samples=st.integers(0, 5),
     half_life=st.floats(600, 86_400, **finite),
     cooldown=st.floats(5, 120, **finite),
 )
@@ -296,6 +300,11 @@ def check(scenario: Scenario, client: redis.Redis) -> None:
             assert read_states(client, prefix, keys) == states, f"state after step {step}: {op}"
             if any(v is not None and any(v.profile) for v, _ in states):
                 event("hourly allowance taught by forgive")
+            share = scenario.velocity.rms_share
+            if share and any(
+                v is not None and share * v.spread**0.5 > v.baseline > 0 for v, _ in states
+            ):
+                event("normal set by the mean square (a bursty key)")
         for key in keys:
             read = ReadStatus(key, scenario.velocity, scenario.bucket)
             status = memory.run(read)

@@ -236,8 +236,8 @@ def test_a_forgive_is_learned_by_every_view_like_a_reset(
 COLD = VelocityPolicy(limit=None, cold_start_limit=1_000, cold_start_sustained=600)
 TRIPS: list[tuple[str, VelocityPolicy, Op[object]]] = [
     ("manual_ceiling", POLICY, Record("t", 500.0, POLICY)),
-    ("cold_start_ceiling", COLD, Record("t", 5_000.0, COLD)),
-    ("cold_start_ceiling", COLD, RecordBatch("t", (600.0, 600.0), COLD)),
+    ("cold_start_ceiling", COLD, Record("t", 7_000.0, COLD)),  # over 10 min of budget
+    ("cold_start_ceiling", COLD, RecordBatch("t", (600.0, 600.0, 600.0), COLD)),
     ("manual_ceiling", POLICY, Admit("t", cost=0.0, amount=500.0, velocity=POLICY, bucket=None)),
 ]
 

@@ -13,7 +13,7 @@ number of calls. State stays a fixed size whatever the traffic.
 1. ``manual_ceiling``: the 60 s rate is above the limit (a live per-key override wins).
 2. Once the baseline ``B`` is *established* (first seen ``learning_period`` ago, ``min_samples``
    learned minutes) and *meaningful* (``>= min_baseline``), with ``N = max(B, the hour's
-   forgiven allowance)``:
+   forgiven allowance, rms_share x the root mean square of the learned minutes)``:
 
    - ``loop_suspected``: the 60 s rate is ``>= spike_multiple x N``, with and without the
      window's largest call (a single large call is not a loop);
@@ -30,11 +30,13 @@ number of calls. State stays a fixed size whatever the traffic.
      N)`` (only with a cold-start limit and no live per-key limit).
 
 3. Otherwise (cold start), unless a live per-key limit is set, the same rules against what
-   the key has shown ``S`` (its baseline once ``min_samples`` minutes are learned, or what an
-   operator forgave), never below the cold-start limits: ``cold_start_ceiling`` when the 60 s
+   the key has shown ``S`` (its ``N`` once ``cold_start_samples`` minutes are learned, or what
+   an operator forgave), never below the cold-start limits: ``cold_start_ceiling`` when the 60 s
    rate without its largest call is above ``max(cold_start_limit, spike_multiple x S)`` or
-   with it above ``max(cold_start_limit, ceiling_multiple x S)``; ``cold_start_budget`` when
-   the 10-minute rate is above ``max(cold_start_sustained, sustained_baseline_multiple x S)``.
+   with it above ``max(cold_start_limit, ceiling_multiple x S, 10 x cold_start_sustained)``
+   (a minute may spend the ten minutes' budget); ``cold_start_budget`` when the 10-minute
+   rate without its largest call is above ``max(cold_start_sustained,
+   sustained_baseline_multiple x S)``.
 
 **Baseline estimator.** The exponentially time-weighted mean of the key's *active* calendar
 minutes: ``weight = weight·2^(-Δt/half_life) + 1; baseline += (x - baseline) / weight``. A
@@ -42,8 +44,9 @@ minute is learned when it leaves the long window (ten minutes late), unless a tr
 it: a trip discards every minute still in the window and every minute until the key closes
 again, because a loop starts before the rule that catches it fires. Once ``min_samples`` are
 learned, a minute counts for at most ``learn_clip x`` the baseline, so a loop below every
-threshold raises it only slowly. The calls per active minute are learned alongside. The
-average with idle time (``A``) follows from the same weights in closed form.
+threshold raises it only slowly. The calls per active minute and the mean square of the
+minutes are learned alongside. The average with idle time (``A``) follows from the same
+weights in closed form.
 
 **Teaching.** ``forgive`` reopens the key and records the last trip's rate as normal for its
 hour of day (UTC) and the next: 24 one-byte allowances, on a log scale.
@@ -138,8 +141,9 @@ class VelocityPolicy:
         min_samples: learned active minutes needed before the baseline counts (60).
         cold_start_limit: ceiling per minute over 60 s until the baseline is established
             (100,000), raised by what the key has shown.
-        cold_start_sustained: ceiling per minute over 10 minutes until then (``"auto"``:
-            60 % of ``cold_start_limit``, 60,000, about 3.6M tokens an hour).
+        cold_start_sustained: ceiling per minute over 10 minutes until then, the largest
+            call left out (``"auto"``: 60 % of ``cold_start_limit``, 60,000, about 3.6M
+            tokens an hour); one call may be as large as ten minutes of it.
         half_life: after this long, a learned minute weighs half as much (1 day).
         sustained_multiple: a 10-minute rate this many times the key's average, idle time
             included, is a loop (7.5)...
@@ -150,6 +154,11 @@ class VelocityPolicy:
         ceiling_multiple: an established key's own ceiling per minute, times its baseline,
             never below ``cold_start_limit`` (100); ``None`` for none.
         learn_clip: a learned minute counts for at most this many times the baseline (8).
+        rms_share: a key's normal minute is at least this share of the root mean square of
+            its learned minutes (0.9), so that a bursty key is judged against its typical
+            busy minute, not only its mean; ``None`` for the mean alone.
+        cold_start_samples: learned minutes after which a key's cold-start ceilings follow
+            what it has shown (20).
         cooldown: how long a trip keeps the key open (60 s).
         cooldown_max: the cap on an escalated cooldown (3,600 s).
         escalation_window: a trip within this long of the previous one doubles the
@@ -173,6 +182,8 @@ class VelocityPolicy:
     early_threshold: float | None
     ceiling_multiple: float | None
     learn_clip: float
+    rms_share: float | None
+    cold_start_samples: int
     cooldown: float
     cooldown_max: float
     escalation_window: float
@@ -194,6 +205,8 @@ class VelocityPolicy:
         early_threshold: float | None = 12.0,
         ceiling_multiple: float | None = 100.0,
         learn_clip: float = 8.0,
+        rms_share: float | None = 0.9,
+        cold_start_samples: int = 20,
         cooldown: float = 60.0,
         cooldown_max: float = 3_600.0,
         escalation_window: float = 3_600.0,
@@ -224,6 +237,10 @@ class VelocityPolicy:
         put(self, "early_threshold", _optional_positive(early_threshold, "early_threshold"))
         put(self, "ceiling_multiple", _optional_positive(ceiling_multiple, "ceiling_multiple"))
         put(self, "learn_clip", _positive(learn_clip, "learn_clip"))
+        put(self, "rms_share", _optional_positive(rms_share, "rms_share"))
+        if cold_start_samples < 0:
+            raise ConfigurationError("cold_start_samples must not be negative")
+        put(self, "cold_start_samples", int(cold_start_samples))
         put(self, "cooldown", _positive(cooldown, "cooldown"))
         put(self, "cooldown_max", max(_positive(cooldown_max, "cooldown_max"), self.cooldown))
         put(self, "escalation_window", float(escalation_window))
@@ -232,6 +249,9 @@ class VelocityPolicy:
 
 def _zeros(count: int) -> list[float]:
     return [0.0] * count
+
+
+_EMPTY_SLOTS = (0.0,) * SLOTS
 
 
 @dataclass(slots=True)
@@ -248,6 +268,7 @@ class VelocityState:
     minute_calls: list[float] = field(default_factory=lambda: _zeros(LONG_SLOTS))
     baseline: float = 0.0  # per active minute
     calls: float = 0.0  # calls per active minute, learned with the baseline
+    spread: float = 0.0  # mean square of the active minutes, learned with the baseline
     weight: float = 0.0  # decayed sum of learned minutes' weights
     samples: int = 0  # learned minutes, not decayed
     learned_at: float = 0.0
@@ -294,11 +315,21 @@ def _advance(state: VelocityState, now: float) -> int:
     """Move the 60 s ring to the slot of ``now``, zeroing slots that fell out of the window."""
     slot = math.floor(now / SLOT_SECONDS)
     if slot > state.head:
-        for index in range(max(state.head + 1, slot - SLOTS + 1), slot + 1):
-            state.amounts[index % SLOTS] = 0.0
-            state.largest[index % SLOTS] = 0.0
-        state.head = slot
+        _advance_to(state, slot)
     return state.head  # a clock that stepped back writes into the newest slot
+
+
+def _advance_to(state: VelocityState, slot: int) -> None:
+    """``_advance`` to a later slot."""
+    amounts, largest = state.amounts, state.largest
+    if slot - state.head >= SLOTS:  # the whole window fell out (a key idle for a minute)
+        amounts[:] = _EMPTY_SLOTS
+        largest[:] = _EMPTY_SLOTS
+    else:
+        for index in range(state.head + 1, slot + 1):
+            amounts[index % SLOTS] = 0.0
+            largest[index % SLOTS] = 0.0
+    state.head = slot
 
 
 def _sliding_sum(values: list[float], head: int, now: float, seconds: float) -> float:
@@ -355,6 +386,7 @@ def _learn(
         state.weight = 1.0
     state.baseline += (amount - state.baseline) / state.weight
     state.calls += (calls - state.calls) / state.weight
+    state.spread += (amount * amount - state.spread) / state.weight
     state.samples += 1
     state.learned_at = at
 
@@ -392,6 +424,13 @@ def _average(state: VelocityState, now: float, params: VelocityPolicy) -> float:
     decay = math.exp(-(now - state.learned_at) * _LN2 / params.half_life)
     minutes = params.half_life / (MINUTE * _LN2) * (1.0 - math.exp(-age * _LN2 / params.half_life))
     return state.baseline * state.weight * decay / minutes
+
+
+def _typical_peak(state: VelocityState, params: VelocityPolicy) -> float:
+    """``rms_share`` of the root mean square of the key's learned minutes: a bursty key's
+    normal minute, above its mean (a steady key's is about its mean); 0 when turned off."""
+    share = params.rms_share
+    return 0.0 if share is None else share * math.sqrt(state.spread)
 
 
 def _allowance(state: VelocityState, now: float) -> float:
@@ -511,30 +550,37 @@ def _cold_start_rules(
             if params.ceiling_multiple is None
             else max(floor, params.ceiling_multiple * normal)
         )
+        if params.cold_start_sustained is not None:  # a minute may spend ten minutes' budget
+            top = max(top, params.cold_start_sustained * (LONG_WINDOW / MINUTE))
         if rate > top:
             return _COLD, rate, top, WINDOW_SECONDS
     budget = params.cold_start_sustained
     if budget is not None:
         budget = max(budget, params.sustained_baseline_multiple * normal)
         long_rate = _long_rate(state, now)
-        if long_rate > budget:
+        # like the sustained rule, without the window's largest call
+        if long_rate - max(state.minute_largest) * (MINUTE / LONG_WINDOW) > budget:
             return _BUDGET, long_rate, budget, LONG_WINDOW
     return 0, rate, None if floor is None else spike, WINDOW_SECONDS
 
 
 def _judge(state: VelocityState, amount: float, now: float, params: VelocityPolicy) -> _Finding:
     rate = _sliding_sum(state.amounts, state.head, now, SLOT_SECONDS)
-    baseline = state.baseline if established(state, now, params) else None
-    ceiling = manual_ceiling(state, params)
+    # established() and manual_ceiling() inline: this runs on every record
+    known = now - state.first_seen >= params.learning_period
+    baseline = state.baseline if known and state.samples >= params.min_samples else None
+    ceiling = state.limit_override if state.limit_override >= 0.0 else params.limit
     if ceiling is not None and rate > ceiling:
         return _MANUAL, rate, ceiling, baseline, WINDOW_SECONDS
-    allowance = _allowance(state, now)
+    allowance = _allowance(state, now) if any(state.profile) else 0.0
     if baseline is not None and baseline >= params.min_baseline:
-        normal = max(baseline, allowance)
+        normal = max(baseline, allowance, _typical_peak(state, params))
         return _established_rules(state, amount, rate, normal, now, params)
     if state.limit_override >= 0.0:  # an operator's limit for this key replaces cold start
         return 0, rate, ceiling, baseline, WINDOW_SECONDS
-    shown = state.baseline if state.samples >= params.min_samples else 0.0
+    shown = 0.0
+    if state.samples >= params.cold_start_samples:
+        shown = max(state.baseline, _typical_peak(state, params))
     reason, rate, limit, window = _cold_start_rules(state, rate, max(shown, allowance), now, params)
     return reason, rate, limit if reason or ceiling is None else ceiling, baseline, window
 
@@ -594,9 +640,13 @@ def record(
     Amounts recorded while the key is open still count (they were paid for by calls that
     passed the gate before the trip) but cannot trip it again.
     """
-    if now >= (state.minute_head + 1) * MINUTE:  # a new minute: cheaper tested here
+    # The hot path of every guarded call: each window moved only when ``now`` left its slot.
+    if now >= (state.minute_head + 1) * MINUTE:
         _roll_minutes(state, now, params)
-    slot = _advance(state, now) % SLOTS
+    slot = math.floor(now / SLOT_SECONDS)
+    if slot > state.head:
+        _advance_to(state, slot)
+    slot = state.head % SLOTS
     state.amounts[slot] += amount
     if amount > state.largest[slot]:
         state.largest[slot] = amount
@@ -612,13 +662,9 @@ def record(
     if reason and limit is not None:
         _trip(state, finding, now, params)
         return _refusal(state, now, tripped=True)
-    return VelocityVerdict(
-        allowed=True,
-        rate=rate,
-        limit=limit,
-        baseline=baseline,
-        multiple=rate / baseline if baseline else None,
-    )
+    # allowed, tripped, reason, rate, limit, baseline, multiple: positional, which is faster
+    return VelocityVerdict(True, False, None, rate, limit, baseline,
+                           rate / baseline if baseline else None)  # fmt: skip
 
 
 def _clear_windows(state: VelocityState) -> None:

@@ -1,14 +1,22 @@
 """Inbound: the defaults — what ``app.add_middleware(TokenFuse)`` with no arguments enforces.
 
 * **Bucket**: the ``FREE`` tier, 10 calls/s refill with a burst of 50, per caller.
-* **Velocity** (``CALL_VELOCITY``), counting calls per caller in the sliding 60 s window:
+* **Velocity** (``CALL_VELOCITY``), counting calls per caller with the rules of
+  ``docs/detection.md``, each against the caller's own normal once its baseline is
+  established (first seen ``learning_period=1 day`` ago, ``min_samples=30`` active minutes)
+  and meaningful (``min_baseline=5`` calls/min):
 
   - no manual ceiling (``limit=None``; set one in code or live with ``Fuse.set_limit``);
-  - loop detection: ``spike_multiple=10`` over the caller's own baseline once that baseline is
-    established (first seen ``learning_period=1 day`` ago, ``min_samples=30`` active minutes)
-    and meaningful (``min_baseline=5`` calls/min, so the smallest spike that trips is 50
-    calls in a minute);
-  - no cold-start ceiling (``cold_start_limit=None``): until a baseline exists, the bucket is
+  - ``loop_suspected``: ``spike_multiple=10`` times the caller's normal in the sliding 60 s
+    window (at least 50 calls in a minute), the normal being its baseline or, for a bursty
+    caller, 0.9 times the root mean square of its minutes (``rms_share``);
+  - ``loop_early``: the early check (``early_threshold=12``) refuses a caller that keeps
+    calling beyond 10 times its usual pace within seconds, before the 60 s window fills;
+  - ``loop_sustained``: ten minutes at 7.5 times its average with idle time and 6 times its
+    normal (``sustained_multiple``, ``sustained_baseline_multiple``);
+  - ``loop_sparse`` counts calls of one unit each, so it never fires here;
+  - no cold-start ceiling (``cold_start_limit=None``, hence no cold-start budget and no
+    ceiling of a caller's own, ``baseline_ceiling``): until a baseline exists, the bucket is
     the containment, so a client that paces itself by the ``RateLimit`` headers is never
     refused by a second, hidden limit;
   - ``VelocityPolicy``'s default latch: 60 s cooldown after a trip, doubling for repeated

@@ -90,11 +90,11 @@ __all__ = [
 # cluster slot), written with its TTL by every operation that writes. It holds up to two
 # blocks of little-endian doubles, each only when the identity has that state, in this order:
 #
-#   velocity block  VELOCITY_LAYOUT, the rings of VELOCITY_RINGS,      87 doubles, 696 bytes
+#   velocity block  VELOCITY_LAYOUT, the rings of VELOCITY_RINGS,      88 doubles, 704 bytes
 #                   limit_override
 #   bucket block    BUCKET_LAYOUT, capacity_override, rate_override      8 doubles,  64 bytes
 #
-# so the string is 696, 64 or 760 bytes long and its length says which blocks it holds. The
+# so the string is 704, 64 or 768 bytes long and its length says which blocks it holds. The
 # forgiven hourly allowances (``profile``) are 24 bytes, six to a double.
 # Integers (``_V_INTS``, ``_B_INTS``) and ``alerted`` (0 or 1) are stored as doubles too; an
 # override of -1 means none.
@@ -103,7 +103,7 @@ VELOCITY_LAYOUT = (
     "first_seen", "open_until", "head", "minute_head", "baseline", "calls", "weight", "samples",
     "learned_at", "discard_through", "strikes", "last_trip", "trip_reason", "trip_rate",
     "trip_limit", "trip_baseline", "trip_window", "early_level", "early_at", "early_since",
-    "early_amount", "excused_slot", "excused_amount",
+    "early_amount", "excused_slot", "excused_amount", "spread",
 )  # fmt: skip
 VELOCITY_RINGS = (
     ("amounts", SLOTS), ("largest", SLOTS), ("minute_amounts", LONG_SLOTS),
@@ -222,7 +222,7 @@ def states_of(raw: bytes) -> tuple[VelocityState | None, BucketState | None]:
 
 Args = tuple[str | bytes, ...]
 
-_VELOCITY_POLICY = struct.Struct("<16d")
+_VELOCITY_POLICY = struct.Struct("<18d")
 _BUCKET_POLICY = struct.Struct("<4d")
 
 
@@ -255,6 +255,8 @@ def _velocity_policy(policy: VelocityPolicy | None) -> bytes:
         policy.cooldown,
         policy.cooldown_max,
         policy.escalation_window,
+        _none_as_minus_one(policy.rms_share),
+        policy.cold_start_samples,
     )
 
 

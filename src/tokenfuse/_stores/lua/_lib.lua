@@ -18,10 +18,10 @@ a velocity block, then a bucket block, each only when the identity has that stat
 little-endian doubles in this order (the layout table is in redis_codec.py, the reasons for
 it in docs/design.md#state-layout); load_velocity, load_bucket and save follow it:
 
-  velocity block (87 doubles): first_seen, open_until, head, minute_head, baseline, calls,
+  velocity block (88 doubles): first_seen, open_until, head, minute_head, baseline, calls,
     weight, samples, learned_at, discard_through, strikes, last_trip, trip_reason, trip_rate,
     trip_limit, trip_baseline, trip_window, early_level, early_at, early_since, early_amount,
-    excused_slot, excused_amount, amounts[0..12], largest[0..12], minute_amounts[0..10],
+    excused_slot, excused_amount, spread, amounts[0..12], largest[0..12], minute_amounts[0..10],
     minute_largest[0..10], minute_calls[0..10], profile[0..3], limit_override
   bucket block (8 doubles): tokens, updated, use_minute, use_amount, hot_since, alerted,
     capacity_override, rate_override
@@ -50,13 +50,13 @@ local BUDGET = 8
 local FULL = -1.0
 local EPSILON = 1e-6 -- bucket.py: float resolution of timestamps near 1.7e9
 -- struct formats: little-endian doubles; literals, as building them costs on every call
-local V_FORMAT = '<ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- 87: velocity block
+local V_FORMAT = '<dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- 88: velocity block
 local B_FORMAT = '<dddddddd' -- 8: bucket block
 local OPEN_FORMAT = '<dd' -- 2: the velocity block up to open_until (the gate's)
-local V_SIZE = 696 -- bytes of the velocity block
+local V_SIZE = 704 -- bytes of the velocity block
 local B_SIZE = 64 -- bytes of the bucket block
-local V_SCALARS = 23 -- the velocity block's numbers before its rings
-local VP_FORMAT = '<dddddddddddddddd' -- 16: velocity policy
+local V_SCALARS = 24 -- the velocity block's numbers before its rings
+local VP_FORMAT = '<dddddddddddddddddd' -- 18: velocity policy
 local BP_FORMAT = '<dddd' -- 4: bucket policy
 
 -- ---------------------------------------------------------------------------------------------
@@ -141,13 +141,14 @@ end
 local function velocity_params(arg)
   if arg == '' then return nil end
   local limit, spike, min_baseline, learning, samples, cold, cold_sustained, half_life,
-    sustained, sustained_baseline, early, ceiling, clip, cooldown, cooldown_max, escalation =
-    unpack_doubles(VP_FORMAT, arg)
+    sustained, sustained_baseline, early, ceiling, clip, cooldown, cooldown_max, escalation,
+    rms_share, cold_samples = unpack_doubles(VP_FORMAT, arg)
   if limit < 0 then limit = nil end
   if cold < 0 then cold = nil end
   if cold_sustained < 0 then cold_sustained = nil end
   if early < 0 then early = nil end
   if ceiling < 0 then ceiling = nil end
+  if rms_share < 0 then rms_share = nil end
   return {
     limit = limit, spike_multiple = spike, min_baseline = min_baseline,
     learning_period = learning, min_samples = samples, cold_start_limit = cold,
@@ -155,6 +156,7 @@ local function velocity_params(arg)
     sustained_multiple = sustained, sustained_baseline_multiple = sustained_baseline,
     early_threshold = early, ceiling_multiple = ceiling, learn_clip = clip,
     cooldown = cooldown, cooldown_max = cooldown_max, escalation_window = escalation,
+    rms_share = rms_share, cold_start_samples = cold_samples,
   }
 end
 
@@ -190,7 +192,7 @@ local function new_velocity(now)
     strikes = 0, last_trip = 0.0, trip_reason = 0, trip_rate = 0.0, trip_limit = 0.0,
     trip_baseline = -1.0, trip_window = 0.0, early_level = 0.0, early_at = 0.0,
     early_since = 0.0, early_amount = 0.0, excused_slot = -1, excused_amount = 0.0,
-    amounts = zeros(SLOTS), largest = zeros(SLOTS), minute_amounts = zeros(LONG_SLOTS),
+    spread = 0.0, amounts = zeros(SLOTS), largest = zeros(SLOTS), minute_amounts = zeros(LONG_SLOTS),
     minute_largest = zeros(LONG_SLOTS), minute_calls = zeros(LONG_SLOTS),
     profile = zeros(PROFILE_WORDS), limit_override = -1.0,
   }
@@ -215,7 +217,7 @@ local function load_velocity(s)
     strikes = n[11], last_trip = n[12], trip_reason = n[13], trip_rate = n[14],
     trip_limit = n[15], trip_baseline = n[16], trip_window = n[17], early_level = n[18],
     early_at = n[19], early_since = n[20], early_amount = n[21], excused_slot = n[22],
-    excused_amount = n[23],
+    excused_amount = n[23], spread = n[24],
   }
   v.amounts = slice(n, at, SLOTS)
   v.largest = slice(n, at + SLOTS, SLOTS)
@@ -255,7 +257,7 @@ local function save(key, ttl, s, v, b)
       v.first_seen, v.open_until, v.head, v.minute_head, v.baseline, v.calls, v.weight,
       v.samples, v.learned_at, v.discard_through, v.strikes, v.last_trip, v.trip_reason,
       v.trip_rate, v.trip_limit, v.trip_baseline, v.trip_window, v.early_level, v.early_at,
-      v.early_since, v.early_amount, v.excused_slot, v.excused_amount,
+      v.early_since, v.early_amount, v.excused_slot, v.excused_amount, v.spread,
     }
     for _, ring in ipairs({v.amounts, v.largest, v.minute_amounts, v.minute_largest,
         v.minute_calls, v.profile}) do
@@ -333,6 +335,7 @@ local function learn(v, amount, calls, at, p)
   end
   v.baseline = v.baseline + (amount - v.baseline) / v.weight
   v.calls = v.calls + (calls - v.calls) / v.weight
+  v.spread = v.spread + (amount * amount - v.spread) / v.weight
   v.samples = v.samples + 1
   v.learned_at = at
 end
@@ -364,6 +367,11 @@ local function average(v, now, p)
   local decay = math.exp(-(now - v.learned_at) * LN2 / p.half_life)
   local minutes = p.half_life / (MINUTE * LN2) * (1.0 - math.exp(-age * LN2 / p.half_life))
   return v.baseline * v.weight * decay / minutes
+end
+
+local function typical_peak(v, p)
+  if p.rms_share == nil then return 0.0 end
+  return p.rms_share * math.sqrt(v.spread)
 end
 
 local function allowance(v, now)
@@ -453,13 +461,18 @@ local function cold_start_rules(v, rate, largest, normal, now, p)
     if rate - largest > spike then return COLD, rate, spike, WINDOW_SECONDS end
     local top = floor
     if p.ceiling_multiple ~= nil then top = math.max(floor, p.ceiling_multiple * normal) end
+    if p.cold_start_sustained ~= nil then
+      top = math.max(top, p.cold_start_sustained * (LONG_WINDOW / MINUTE))
+    end
     if rate > top then return COLD, rate, top, WINDOW_SECONDS end
   end
   local budget = p.cold_start_sustained
   if budget ~= nil then
     budget = math.max(budget, p.sustained_baseline_multiple * normal)
     local long = long_rate(v, now)
-    if long > budget then return BUDGET, long, budget, LONG_WINDOW end
+    if long - math.max(unpack(v.minute_largest)) * (MINUTE / LONG_WINDOW) > budget then
+      return BUDGET, long, budget, LONG_WINDOW
+    end
   end
   return 0, rate, spike, WINDOW_SECONDS
 end
@@ -474,11 +487,12 @@ local function judge(v, amount, now, p)
   end
   local allowed = allowance(v, now)
   if baseline ~= nil and baseline >= p.min_baseline then
-    return established_rules(v, amount, rate, largest, math.max(baseline, allowed), now, p)
+    local normal = math.max(baseline, allowed, typical_peak(v, p))
+    return established_rules(v, amount, rate, largest, normal, now, p)
   end
   if v.limit_override >= 0.0 then return 0, rate, ceiling, baseline, WINDOW_SECONDS end
   local shown = 0.0
-  if v.samples >= p.min_samples then shown = v.baseline end
+  if v.samples >= p.cold_start_samples then shown = math.max(v.baseline, typical_peak(v, p)) end
   local reason, r, limit, span = cold_start_rules(v, rate, largest, math.max(shown, allowed),
     now, p)
   if reason == 0 and ceiling ~= nil then limit = ceiling end

@@ -21,6 +21,6 @@ end
 local now = clock(ARGV[1])
 local s = load_state(KEYS[1])
 local velocity, bucket = '', ''
-if s and #s ~= B_SIZE then velocity = numbers(87, unpack_doubles(V_FORMAT, s)) end
+if s and #s ~= B_SIZE then velocity = numbers(88, unpack_doubles(V_FORMAT, s)) end
 if s and #s ~= V_SIZE then bucket = numbers(8, unpack_doubles(B_FORMAT, s, #s - B_SIZE + 1)) end
 return {fmt(now), velocity, bucket}
