@@ -110,7 +110,7 @@ def batched_records(url: str, prefix: str, calls: int) -> None:
     """Calls recorded per second through the background recorder of one process: ``calls``
     submitted as fast as possible, then flushed; for 1 and for 100 identities."""
     from tokenfuse import Identity
-    from tokenfuse._transport.meter import FuseReport, Meter
+    from tokenfuse._transport.meter import FuseReport, Meter, Metering
     from tokenfuse._transport.recorder import Recorder
 
     print("\nbatched records (FuseTransport(record='background')'s worker, one process)\n")
@@ -123,8 +123,11 @@ def batched_records(url: str, prefix: str, calls: int) -> None:
         recorder = Recorder(fuse)
         who = [Identity.named(f"agent-{n}") for n in range(identities)]
         allowed = fuse.gate(who[0])
-        meters = [Meter(who[n % identities], FuseReport(who[n % identities], allowed))
-                  for n in range(calls)]  # fmt: skip
+        metering = Metering(fuse, None, estimate=False)
+        meters = []
+        for n in range(calls):
+            identity = who[n % identities]
+            meters.append(Meter(metering, None, identity, FuseReport(identity, allowed)))
         started = time.perf_counter()
         for meter in meters:
             recorder.submit(meter, 10.0)
