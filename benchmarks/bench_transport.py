@@ -10,12 +10,14 @@ machine noise hits every case alike. Reported: the latency percentiles of each c
 the guard adds to them (guarded minus unguarded, same percentile), and the streaming
 throughput as a ratio.
 
-    python benchmarks/bench_transport.py --in-process [--rounds 30]
+    python benchmarks/bench_transport.py --in-process [--rounds 30] [--no-redis]
 
 measures the same two bodies over ``httpx.MockTransport`` instead: no server, no sockets, so
-what is left is the CPU time the guard adds (MemoryStore), per call and per stream, without
-the network's noise. Reported: the median over rounds of (guarded - unguarded), and the
-difference of the fastest rounds.
+what is left is the CPU time each guard adds, per call and per stream, without the network's
+noise: MemoryStore, and RedisStore with its open-key view and background records (its gate
+answered locally, its records batched by a worker thread that shares the GIL). Reported: the
+median over rounds of (guarded - unguarded), the difference of the fastest rounds, the
+ratio of each guard's added time to MemoryStore's, and each case's speed vs unguarded.
 """
 
 from __future__ import annotations
@@ -135,33 +137,69 @@ def _mock_handler(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, headers=headers, stream=httpx.ByteStream(_BODY))
 
 
-def in_process(rounds: int) -> None:
+def in_process(rounds: int, redis_url: str | None) -> None:
+    """Unguarded, MemoryStore and (with ``redis_url``) RedisStore with its open-key view and
+    background records, over one mock transport: the CPU each guard adds to a call."""
     mock = httpx.MockTransport(_mock_handler)
     guarded = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY))
     clients = {
         "unguarded": httpx.Client(headers=HEADERS, transport=mock),
-        "guarded": httpx.Client(headers=HEADERS, transport=guarded),
+        "MemoryStore": httpx.Client(headers=HEADERS, transport=guarded),
     }
+    fuse_name = unique_prefix("transport")
+    if redis_url is not None:
+        from tokenfuse._stores.redis import RedisStore
+
+        store = RedisStore.from_url(redis_url)
+        redis_fuse = Fuse(store, velocity=POLICY, name=fuse_name)
+        synced = store.open_keys is not None and store.open_keys.wait_synced(10)
+        if redis_fuse.record("probe", 1).degraded or not synced:
+            print(f"(RedisStore row skipped: no Redis, or no open-key view, at {redis_url})")
+        else:
+            transport = FuseTransport(mock, fuse=redis_fuse, record="background")
+            clients[REDIS_IN_PROCESS] = httpx.Client(headers=HEADERS, transport=transport)
     url = "http://127.0.0.1:8000/v1/chat/completions"
 
     cases = {"JSON call": (chat, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (chat_stream, 3)}
-    print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us)\n")
-    print("| body | unguarded | guarded | added (median of rounds) | added (fastest rounds) |")
-    print("|---|---:|---:|---:|---:|")
-    for name, (run, batch) in cases.items():
+    print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us per call)\n")
+    print("| body | case | median | added (median of rounds) | added (fastest rounds) "
+          "| added / MemoryStore's | vs unguarded |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|")
+    try:
+        for name, (run, batch) in cases.items():
 
-        def batch_of(client: httpx.Client, run: Any = run, batch: int = batch) -> None:
-            for _ in range(batch):
-                run(client, url)
+            def batch_of(client: httpx.Client, run: Any = run, batch: int = batch) -> None:
+                for _ in range(batch):
+                    run(client, url)
 
-        batches = {case: (lambda c=client: batch_of(c)) for case, client in clients.items()}
-        times = asyncio.run(interleave(batches, rounds, warmup=5))
-        plain = [us / batch for us in times["unguarded"]]
-        guard = [us / batch for us in times["guarded"]]
-        added = median([g - p for g, p in zip(guard, plain, strict=True)])
+            batches = {case: (lambda c=client: batch_of(c)) for case, client in clients.items()}
+            times = asyncio.run(interleave(batches, rounds, warmup=5))
+            per_call = {case: [us / batch for us in values] for case, values in times.items()}
+            report_in_process(name, per_call)
+    finally:
+        for client in clients.values():
+            client.close()  # flushes the background records
+        if redis_url is not None:
+            delete_keys(redis_url, f"tokenfuse:{{{fuse_name}:*")
+
+
+REDIS_IN_PROCESS = "RedisStore, open-key view, background record"
+
+
+def report_in_process(body: str, per_call: dict[str, list[float]]) -> None:
+    plain = per_call["unguarded"]
+    memory_added = None
+    for case, values in per_call.items():
+        if case == "unguarded":
+            print(f"| {body} | {case} | {median(values):,.1f} | | | | 1.00x |")
+            continue
+        added = median([g - p for g, p in zip(values, plain, strict=True)])
+        memory_added = added if case == "MemoryStore" else memory_added
+        ratio = f"{added / memory_added:.2f}x" if memory_added and memory_added > 0 else ""
+        speed = median(plain) / median(values)
         print(
-            f"| {name} | {median(plain):,.1f} | {median(guard):,.1f} "
-            f"| {added:+,.1f} | {min(guard) - min(plain):+,.1f} |"
+            f"| {body} | {case} | {median(values):,.1f} | {added:+,.1f} "
+            f"| {min(values) - min(plain):+,.1f} | {ratio} | {speed:.2f}x |"
         )
 
 
@@ -256,12 +294,13 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=30)
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--no-redis", action="store_true", help="--in-process: MemoryStore only")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
     elif args.in_process:
-        in_process(args.rounds)
+        in_process(args.rounds, None if args.no_redis else args.redis)
     else:
         over_the_network(args.redis, args.calls, args.streams)
 
