@@ -203,6 +203,22 @@ def report_in_process(body: str, per_call: dict[str, list[float]]) -> None:
         )
 
 
+def just_calls(case: str, body: str, calls: int) -> None:
+    """``calls`` calls of one case over the mock transport, untimed: what
+    ``benchmarks/instructions.sh`` runs under callgrind to count instructions per call."""
+    mock = httpx.MockTransport(_mock_handler)
+    transport: Any = mock
+    if case == "guarded":
+        transport = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY))
+    client = httpx.Client(headers=HEADERS, transport=transport)
+    run = chat if body == "json" else chat_stream
+    url = "http://127.0.0.1:8000/v1/chat/completions"
+    for _ in range(20):  # warm: caches filled, every lazy import done
+        run(client, url)
+    for _ in range(calls):
+        run(client, url)
+
+
 #: The RedisStore cases: (label, open-key view, how usage is recorded).
 REDIS_CASES = [
     ("RedisStore, round-trip gate", False, "inline"),
@@ -296,9 +312,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--no-redis", action="store_true", help="--in-process: MemoryStore only")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--just-calls",
+        nargs=3,
+        metavar=("CASE", "BODY", "CALLS"),
+        help="unguarded|guarded json|stream N: N untimed calls (for instructions.sh)",
+    )
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
+    elif args.just_calls:
+        case, body, calls = args.just_calls
+        just_calls(case, body, int(calls))
     elif args.in_process:
         in_process(args.rounds, None if args.no_redis else args.redis)
     else:

@@ -207,7 +207,12 @@ class Fuse:
         try:
             run_many = getattr(store, "run_many", None)
             ops = batch.ops
-            verdicts = run_many(ops) if run_many else [store.run(op) for op in ops]
+            # One key (the common case when calls are spaced out: a batch of one call) is one
+            # plain script call, without a pipeline's making and unmaking.
+            if run_many is None or len(ops) == 1:
+                verdicts = [store.run(op) for op in ops]
+            else:
+                verdicts = run_many(ops)
         except Exception as exc:
             return batch.degraded(exc)
         self._healthy()
