@@ -1,6 +1,7 @@
 """Added latency per request of TokenFuse, side by side with slowapi, in one run.
 
     python benchmarks/bench_middleware.py [--redis redis://127.0.0.1:6379/15] [--requests 2000]
+        [--rounds 5]
 
 A trivial Starlette endpoint, bare and behind each limiter, is called in-process as an ASGI
 app (no sockets between client and app, so the figures are the middleware's own cost plus its
@@ -8,13 +9,17 @@ store round trip). Both limiters guard every route for the caller named by its b
 with a limit no request reaches (we time the decision, not the refusal), both add their rate
 limit headers, and each uses memory or Redis storage:
 
-* TokenFuse: ``inbound_fuse(store)`` with a bucket of 10^9 (one Lua script per request on Redis).
+* TokenFuse: ``inbound_fuse(store)`` with a bucket of 10^9 (one Lua script per request on Redis);
+  and on Redis in lease mode (``lease=True``: calls admitted from a slice of the bucket this
+  process leases, one script call per lease of up to 100 calls).
 * slowapi: ``SlowAPIASGIMiddleware`` with ``default_limits=["1000000000/minute"]`` and
   ``headers_enabled=True``, on the ``limits`` memory or Redis storage (fixed window, slowapi's
   default strategy).
 
-Two reference rows time what no Redis-backed limiter can go below on this machine: a
-``redis.asyncio`` PING, and the ``RedisStore.arun(Admit(...))`` call the middleware makes.
+Reference rows time what no Redis-backed limiter can go below on this machine: a
+``redis.asyncio`` PING, and the ``RedisStore.arun(Admit(...))`` call the middleware makes; and
+a lease renewal recording the 100 calls its lease admitted (the store's time per call in
+lease mode is a hundredth of it).
 
 Every case first warms up on its own, then all take turns request by request so that machine
 noise hits them alike. The figures that matter are the p50 *added* to the bare endpoint and
@@ -36,7 +41,7 @@ from starlette.routing import Route
 
 from tokenfuse import BucketPolicy, Identity, MemoryStore
 from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, inbound_fuse
-from tokenfuse._stores.ops import Admit
+from tokenfuse._stores.ops import Admit, Lease
 from tokenfuse._stores.redis import RedisStore
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -53,10 +58,19 @@ def bare() -> Starlette:
     return Starlette(routes=[Route("/tool", tool, methods=["POST"])])
 
 
-def with_tokenfuse(store: Any) -> Starlette:
+def with_tokenfuse(store: Any, *, lease: bool = False, loops: bool = True) -> Starlette:
     fuse = inbound_fuse(store, bucket=BUCKET, velocity=CALL_VELOCITY)
-    middleware = [Middleware(TokenFuse, fuse=fuse)]
+    options: dict[str, Any] = {} if loops else {"failure_loops": None}
+    middleware = [Middleware(TokenFuse, fuse=fuse, lease=lease, **options)]
     return Starlette(routes=[Route("/tool", tool, methods=["POST"])], middleware=middleware)
+
+
+def leases_of(app: Any) -> Any:
+    """The ``Leases`` of the TokenFuse in a built Starlette app's middleware stack."""
+    layer = app.middleware_stack
+    while layer is not None and not hasattr(layer, "guard"):
+        layer = getattr(layer, "app", None)
+    return layer.guard.leases if layer is not None else None
 
 
 def with_slowapi(storage_uri: str, prefix: str) -> Starlette:
@@ -111,7 +125,8 @@ async def one_request(app: App) -> None:
         raise RuntimeError(f"benchmark request answered {status}")
 
 
-REFERENCES = ("redis.asyncio PING", "RedisStore.arun(Admit)")
+REFERENCES = ("redis.asyncio PING", "RedisStore.arun(Admit)", "arun(Lease), 100 calls")
+LEASED = "TokenFuse (Redis, lease)"
 
 
 async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
@@ -121,6 +136,10 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
         "bare Starlette endpoint": bare(),
         "TokenFuse (MemoryStore)": with_tokenfuse(MemoryStore()),
         "TokenFuse (RedisStore)": with_tokenfuse(redis_store),
+        LEASED: with_tokenfuse(redis_store, lease=True),
+        # the failure-loop breaker off: what its check (one more script) costs
+        "TokenFuse (MemoryStore, failure_loops=None)": with_tokenfuse(MemoryStore(), loops=False),
+        "TokenFuse (RedisStore, failure_loops=None)": with_tokenfuse(redis_store, loops=False),
         "slowapi (memory)": with_slowapi("memory://", prefix),
         "slowapi (redis)": with_slowapi(redis_url, prefix),
     }
@@ -134,14 +153,21 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
         REFERENCES[1]: lambda: redis_store.arun(
             Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
         ),
+        # A renewal that records the 100 calls its lease admitted and takes 100 more tokens.
+        REFERENCES[2]: lambda: redis_store.arun(
+            Lease(key, 1, 1, 100, 0, (1.0,) * 100, CALL_VELOCITY, BUCKET)
+        ),
     }
     cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}
     try:
         return await interleave({**cases, **references}, requests)
     finally:
+        leases = leases_of(apps[LEASED])
+        await leases.aclose()  # the unspent tokens go back, before the client closes
+        print(f"lease mode: {leases.counts}\n")
         await redis_store.aclose()
         await ping_client.aclose()
-        delete_keys(redis_url, f"{prefix}:*")
+        delete_keys(redis_url, f"{prefix}:*")  # the loop strings too: <prefix>:loops:{...}
         delete_keys(redis_url, f"LIMITS:*{prefix}*")
 
 
@@ -149,7 +175,7 @@ def report(times: dict[str, list[float]]) -> None:
     base = percentile(times["bare Starlette endpoint"], 50)
     requests = len(times["bare Starlette endpoint"])
     print(f"{requests} requests per case, taking turns, microseconds per request\n")
-    print(f"{'case':28s} {'p50':>8s} {'p99':>8s} {'added p50':>10s}")
+    print(f"{'case':44s} {'p50':>8s} {'p99':>8s} {'added p50':>10s}")
     added: dict[str, float] = {}
     for name, values in times.items():
         p50 = percentile(values, 50)
@@ -157,7 +183,7 @@ def report(times: dict[str, list[float]]) -> None:
         extra = "" if name.startswith("bare") or name in REFERENCES else f"{added[name]:10.1f}"
         if name in REFERENCES:
             name = f"(ref) {name}"
-        print(f"{name:28s} {p50:8.1f} {percentile(values, 99):8.1f} {extra}")
+        print(f"{name:44s} {p50:8.1f} {percentile(values, 99):8.1f} {extra}")
     print()
     for store in ("memory", "redis"):
         ours = added["TokenFuse (MemoryStore)" if store == "memory" else "TokenFuse (RedisStore)"]
@@ -169,6 +195,15 @@ def report(times: dict[str, list[float]]) -> None:
     ratio = redis_added / ping
     verdict = "met" if ratio <= 1.3 else "MISSED"
     print(f"target p50 added with RedisStore <= 1.3x an async PING: {verdict} ({ratio:.2f}x)")
+    leased = added[LEASED]
+    verdict = "met" if leased <= 100 else "MISSED"
+    renewal = percentile(times[REFERENCES[2]], 50)
+    admit = percentile(times[REFERENCES[1]], 50)
+    print(f"store time per call: direct {admit:.1f} us, lease mode {renewal / 100:.1f} us "
+          f"(a renewal of 100 calls: {renewal:.1f} us)")  # fmt: skip
+    print(f"target p50 added with RedisStore in lease mode <= 0.1 ms: {verdict} "
+          f"({leased / 1000:.3f} ms; {leased / redis_added:.2f}x the direct mode, "
+          f"{leased / ping:.2f}x an async PING)")  # fmt: skip
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ import httpx
 from harness import delete_keys, interleave, median, options, percentile, unique_prefix
 
 from tokenfuse import Fuse, MemoryStore, VelocityPolicy
-from tokenfuse._transport import FuseTransport
+from tokenfuse._transport import FailureLoopPolicy, FuseTransport
 
 POLICY = VelocityPolicy(cold_start_limit=None)  # never refuses: we time the checks, not a trip
 STREAM_CHUNKS = 2_000
@@ -142,9 +142,11 @@ def in_process(rounds: int, redis_url: str | None) -> None:
     background records, over one mock transport: the CPU each guard adds to a call."""
     mock = httpx.MockTransport(_mock_handler)
     guarded = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY))
+    no_loops = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY), failure_loops=None)
     clients = {
         "unguarded": httpx.Client(headers=HEADERS, transport=mock),
         "MemoryStore": httpx.Client(headers=HEADERS, transport=guarded),
+        GUARDED_NO_LOOPS: httpx.Client(headers=HEADERS, transport=no_loops),
     }
     fuse_name = unique_prefix("transport")
     if redis_url is not None:
@@ -208,8 +210,9 @@ def just_calls(case: str, body: str, calls: int) -> None:
     ``benchmarks/instructions.sh`` runs under callgrind to count instructions per call."""
     mock = httpx.MockTransport(_mock_handler)
     transport: Any = mock
-    if case == "guarded":
-        transport = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY))
+    if case != "unguarded":  # guarded, or guarded-no-loops (failure_loops=None)
+        loops = {"failure_loops": None} if case == "guarded-no-loops" else {}
+        transport = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY), **loops)
     client = httpx.Client(headers=HEADERS, transport=transport)
     run = chat if body == "json" else chat_stream
     url = "http://127.0.0.1:8000/v1/chat/completions"
@@ -219,11 +222,16 @@ def just_calls(case: str, body: str, calls: int) -> None:
         run(client, url)
 
 
-#: The RedisStore cases: (label, open-key view, how usage is recorded).
+#: The same guard with the failure-loop breaker off: what the breaker's step costs.
+GUARDED_NO_LOOPS = "MemoryStore, failure_loops=None"
+
+
+#: The RedisStore cases: (label, open-key view, how usage is recorded, failure-loop breaker).
 REDIS_CASES = [
-    ("RedisStore, round-trip gate", False, "inline"),
-    ("RedisStore, open-key view", True, "inline"),
-    ("RedisStore, open-key view, background record", True, "background"),
+    ("RedisStore, round-trip gate", False, "inline", True),
+    ("RedisStore, open-key view", True, "inline", True),
+    ("RedisStore, open-key view, failure_loops=None", True, "inline", False),
+    ("RedisStore, open-key view, background record", True, "background", True),
 ]
 
 
@@ -232,17 +240,23 @@ def guarded_clients(redis_url: str, fuse_name: str) -> dict[str, httpx.Client]:
     clients: dict[str, httpx.Client] = {"unguarded": httpx.Client(headers=HEADERS)}
     memory = Fuse(MemoryStore(), velocity=POLICY)
     clients["MemoryStore"] = httpx.Client(headers=HEADERS, transport=FuseTransport(fuse=memory))
+    plain = FuseTransport(fuse=Fuse(MemoryStore(), velocity=POLICY), failure_loops=None)
+    clients["MemoryStore, failure_loops=None"] = httpx.Client(headers=HEADERS, transport=plain)
     try:
         from tokenfuse._stores.redis import RedisStore
 
-        for label, view, record in REDIS_CASES:
+        for label, view, record, loops in REDIS_CASES:
             store = RedisStore.from_url(redis_url, open_keys=view)
             redis_fuse = Fuse(store, velocity=POLICY, name=fuse_name)
             if redis_fuse.record("probe", 1).degraded:
                 raise ConnectionError(f"no Redis at {redis_url}")
             if store.open_keys is not None and not store.open_keys.wait_synced(10):
                 raise ConnectionError("the open-key view did not sync")
-            transport = FuseTransport(fuse=redis_fuse, record=record)  # type: ignore[arg-type]
+            transport = FuseTransport(
+                fuse=redis_fuse,
+                record=record,  # type: ignore[arg-type]
+                failure_loops=FailureLoopPolicy() if loops else None,
+            )
             clients[label] = httpx.Client(headers=HEADERS, transport=transport)
     except Exception as exc:  # report the other rows anyway
         print(f"(RedisStore rows skipped: {exc})")
@@ -271,6 +285,7 @@ def over_the_network(redis_url: str, calls: int, streams: int) -> None:
         process.terminate()
         process.wait()
         delete_keys(redis_url, f"tokenfuse:{{{fuse_name}:*")
+        delete_keys(redis_url, f"tokenfuse:loops:{{{fuse_name}:*")
     report_latency({case: [us / 1000 for us in values] for case, values in latency.items()})
     report_throughput(
         {case: [STREAM_CHUNKS / us * 1e6 for us in values] for case, values in stream_us.items()}
@@ -316,7 +331,7 @@ def main() -> None:
         "--just-calls",
         nargs=3,
         metavar=("CASE", "BODY", "CALLS"),
-        help="unguarded|guarded json|stream N: N untimed calls (for instructions.sh)",
+        help="unguarded|guarded|guarded-no-loops json|stream N: N untimed calls",
     )
     args = parser.parse_args()
     if args.serve:

@@ -5,7 +5,8 @@
 #
 #     bash benchmarks/instructions.sh            # JSON calls: 10 vs 510; streams: 2 vs 22
 #
-# Needs valgrind. MemoryStore, over httpx.MockTransport (bench_transport.py --just-calls).
+# Needs valgrind. MemoryStore, over httpx.MockTransport (bench_transport.py --just-calls);
+# the guard as it comes (the failure-loop breaker on) and with failure_loops=None.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
@@ -25,11 +26,12 @@ per_call() { # case body few many
   echo $(((many - few) / ($4 - $3)))
 }
 
-echo "| body | unguarded | guarded (MemoryStore) | added |"
-echo "|---|---:|---:|---:|"
+echo "| body | unguarded | guarded (MemoryStore) | added | failure_loops=None | added |"
+echo "|---|---:|---:|---:|---:|---:|"
 for spec in "json 10 510" "stream 2 22"; do
   read -r body few many <<<"$spec"
   plain=$(per_call unguarded "$body" "$few" "$many")
   guarded=$(per_call guarded "$body" "$few" "$many")
-  echo "| $body | $plain | $guarded | $((guarded - plain)) |"
+  bare=$(per_call guarded-no-loops "$body" "$few" "$many")
+  echo "| $body | $plain | $guarded | $((guarded - plain)) | $bare | $((bare - plain)) |"
 done

@@ -36,6 +36,7 @@ def test_the_public_modules() -> None:
         "config",
         "events",
         "fuse",
+        "guards",
         "integrations",
         "mcp",
         "metrics",
@@ -110,7 +111,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 def test_exceptions_share_one_root() -> None:
     for name in ("LoopSuspected", "CeilingExceeded", "QuotaExhausted", "StoreUnavailable",
-                 "ConfigurationError", "FuseTripped"):  # fmt: skip
+                 "ConfigurationError", "FuseTripped", "BudgetExceeded"):  # fmt: skip
         assert issubclass(getattr(tokenfuse, name), tokenfuse.TokenFuseError)
 
 

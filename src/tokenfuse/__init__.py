@@ -18,7 +18,8 @@ The names here are the everyday ones. Each extension point has a module of its o
 * ``tokenfuse.middleware``: the inbound side (identify helpers, ``RequestView``, ``Reply``, ...);
 * ``tokenfuse.usage``: teach tokenfuse a provider (``UsageShape``, ``ShapeExtractor``, ...);
 * ``tokenfuse.stores``: ``MemoryStore``, ``RedisStore``, ``StoreHealth``;
-* ``tokenfuse.events``: ``FuseEvent``, what ``on_event`` hooks receive.
+* ``tokenfuse.events``: ``FuseEvent``, what ``on_event`` hooks receive;
+* ``tokenfuse.guards``: the guards beside the velocity check: run budgets (``run``).
 
 docs/design.md in the repository explains how it decides.
 
@@ -100,9 +101,15 @@ _ELSEWHERE = {
     "Status": "fuse",
     "default_fuse": "fuse",
     "FuseReport": "transport",
+    "FailureLoop": "transport",
+    "FailureLoopPolicy": "transport",
+    "forget_loops": "transport",
+    "aforget_loops": "transport",
     "current_scope": "transport",
     "find_refusal": "transport",
     "FuseEvent": "events",
+    "BudgetExceeded": "guards",
+    "run": "guards",
     "ShapeExtractor": "usage",
     "Usage": "usage",
     "UsageShape": "usage",

@@ -44,7 +44,7 @@ __all__ = ["ALERT_KINDS", "WebhookSink", "payload"]
 logger = logging.getLogger("tokenfuse.alerts")
 
 #: The events a sink sends unless told otherwise.
-ALERT_KINDS = frozenset({"tripped", "near_limit"})
+ALERT_KINDS = frozenset({"tripped", "near_limit", "failure_loop", "budget_near", "budget_exceeded"})
 
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 

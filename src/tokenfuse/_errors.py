@@ -6,7 +6,9 @@
     ├── FuseTripped            a refusal: the key is over a limit or its fuse is open
     │   ├── LoopSuspected      the key's rate is far above its own normal (``loop_*``)
     │   ├── CeilingExceeded    rate above a manual, cold-start or the key's own ceiling
-    │   └── QuotaExhausted     the caller's token bucket is empty
+    │   ├── QuotaExhausted     the caller's token bucket is empty
+    │   ├── FailureLoop        the same call keeps failing (or repeating): a stuck agent
+    │   └── BudgetExceeded     the call would take its run past the run's budget
     ├── StoreUnavailable       the store failed and the fuse was told to fail closed
     │   └── StoreBusy          only this process's connection pool was full (back-pressure)
     └── ConfigurationError     also a ``ValueError``: bad options, caught at construction
@@ -18,8 +20,10 @@ happened, not merely that a limit exists.
 from __future__ import annotations
 
 __all__ = [
+    "BudgetExceeded",
     "CeilingExceeded",
     "ConfigurationError",
+    "FailureLoop",
     "FuseTripped",
     "LoopSuspected",
     "QuotaExhausted",
@@ -241,3 +245,166 @@ class QuotaExhausted(FuseTripped):
             f"call quota exhausted for key {self.who}: the bucket of {_fmt(self.limit)} "
             f"{self.unit} refills at {_fmt(self.rate)}/s (retry in {_seconds(self.retry_after)})"
         )
+
+
+class FailureLoop(FuseTripped):
+    """The same call kept failing, or kept being sent: the agent is stuck, so it is refused.
+
+    ``reason`` says which loop: ``failure_loop`` (the same request failed ``count`` times
+    within ``window`` seconds), ``repeat_loop`` (the same request was sent ``count`` times
+    within ``window``, refused only when so configured), ``tool_loop`` (the conversation shows
+    the model asking for the same failing tool call, or alternating between two, ``count``
+    times). The common fields read ``rate`` = ``count`` and ``limit`` = the count that trips.
+
+    Attributes:
+        call: what was called, ``POST /v1/chat/completions #3f9a0c12`` (method, path and the
+            start of the call's fingerprint, a keyed hash: never the body itself).
+        fingerprint: the call's whole fingerprint (16 hex characters).
+        tool: the tool (or the two tools, ``a/b``) the loop is about, when known.
+        count: failures (or sends) counted.
+        status: the HTTP status of the last failure, when there was one.
+        error: the type of the last failure (``invalid_request_error``), at most 32 safe
+            characters; never a message, which may quote the request.
+        store_key: the identity's key in the store (a keyed hash, never the credential):
+            ``tokenfuse.forget_loops(error)`` lets this very call through again.
+    """
+
+    reason = "failure_loop"
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        call: str,
+        count: float,
+        limit: float,
+        window: float,
+        retry_after: float,
+        fingerprint: str = "",
+        tool: str | None = None,
+        status: int | None = None,
+        error: str | None = None,
+        reason: str | None = None,
+        key_id: str | None = None,
+        store_key: str | None = None,
+    ) -> None:
+        self.call = call
+        self.fingerprint = fingerprint
+        self.store_key = store_key
+        self.tool = tool
+        self.count = count
+        self.status = status
+        self.error = error
+        super().__init__(
+            key=key,
+            rate=count,
+            limit=limit,
+            retry_after=retry_after,
+            unit="calls",
+            reason=reason,
+            window=window,
+            key_id=key_id,
+        )
+
+    @property
+    def last_error(self) -> str:
+        """``HTTP 400 invalid_request_error``, ``HTTP 500``, ``tool error``; '' when none."""
+        parts = [f"HTTP {self.status}" if self.status else "", self.error or ""]
+        return " ".join(part for part in parts if part)
+
+    def describe(self) -> str:
+        tool = f" (tool {self.tool})" if self.tool else ""
+        last = f"; last error: {self.last_error}" if self.last_error else ""
+        within = _over(self.window)
+        if self.reason == "repeat_loop":
+            what = f"repeat loop: {self.call}{tool} was sent {_fmt(self.count)} times{within}"
+        elif self.reason == "tool_loop":
+            what = (
+                f"tool-call loop: the conversation sent to {self.call} shows the model asking "
+                f"for the same failing tool call{tool} {_fmt(self.count)} times in a row"
+            )
+        else:
+            what = f"failure loop: {self.call}{tool} failed {_fmt(self.count)} times{within}"
+        if self.reason == "repeat_loop" and self.retry_after <= 0:
+            advice = ' (reported, not refused: FailureLoopPolicy(on_repeat="refuse") refuses it)'
+        elif self.reason == "tool_loop":
+            advice = (
+                "; the agent is stuck on a tool error: change the arguments, fix the tool, "
+                "or stop the run"
+            )
+        else:
+            advice = (
+                f" (blocked for {_seconds(self.retry_after)}); the agent is stuck: change the "
+                "request, or let it through now with tokenfuse.forget_loops(this error)"
+            )
+        return f"{what} for key {self.who}{last}{advice}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            **super().as_dict(),
+            "call": self.call,
+            "fingerprint": self.fingerprint,
+            "tool": self.tool,
+            "count": self.count,
+            "status": self.status,
+            "error": self.error,
+        }
+
+
+class BudgetExceeded(FuseTripped):
+    """The call would take its run (``tokenfuse.run``) past the run's budget: refused before
+    a byte of it was sent.
+
+    Attributes, beyond ``FuseTripped``'s (``key`` is the run id, ``rate`` what it spent):
+        run_id: the run whose budget it is (the innermost refusing one when runs nest).
+        spent: what the run's finished calls spent, in ``unit`` (``tokens`` or ``usd``).
+        limit: the run's limit in that unit.
+        reserved: what calls still in flight hold (they may spend it or give it back).
+        requested: what this call would have reserved (its estimate).
+        retry_after: seconds until the run's state expires, when its budget starts afresh:
+            retrying sooner is refused the same way.
+    """
+
+    reason = "budget_exceeded"
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        spent: float,
+        limit: float,
+        unit: str,
+        reserved: float,
+        requested: float,
+        retry_after: float,
+    ) -> None:
+        self.run_id = run_id
+        self.spent = spent
+        self.reserved = reserved
+        self.requested = requested
+        super().__init__(key=run_id, rate=spent, limit=limit, retry_after=retry_after, unit=unit)
+
+    def describe(self) -> str:
+        amount = _usd if self.unit == "usd" else _tokens
+        return (
+            f"run budget exceeded for run {self.run_id!r}: {amount(self.spent)} spent and "
+            f"{amount(self.reserved)} held by calls in flight, of a limit of "
+            f"{amount(self.limit)}; this call needs about {amount(self.requested)} more "
+            "(its estimate), so it was not sent. Raise the run's limit "
+            "(tokenfuse.run(..., tokens=..., usd=...)) or end the run"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        found = super().as_dict()
+        found.update(
+            run_id=self.run_id, spent=self.spent, reserved=self.reserved, requested=self.requested
+        )
+        return found
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def _tokens(value: float) -> str:
+    return f"{_fmt(value)} tokens"

@@ -27,6 +27,11 @@ EventKind = Literal[
     "forgiven",  # an operator taught the fuse that a trip was legitimate (Fuse.forgive)
     "reset",  # a key was closed and refilled by hand (``Fuse.reset``, tokenfuse.admin)
     "configured",  # a key's live limit or bucket was changed (``set_limit``, ``set_bucket``)
+    "failure_loop",  # the same call failed often enough to be refused (``FailureLoop``)
+    "repeat_loop",  # the same call was sent again and again (reported, or refused if so set)
+    "budget_near",  # a run's spending reached 80 % of a limit (``tokenfuse.run``), once a run
+    "budget_exceeded",  # a run refused a call, or a call's bill took it over, once a run
+    "price_unknown",  # a model with no price: its calls count in tokens only (once a model)
 ]
 
 

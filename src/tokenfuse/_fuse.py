@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._core.admission import AdmitVerdict
 from ._core.bucket import BucketPolicy, BucketVerdict
@@ -180,6 +180,40 @@ class Fuse:
         identity = Identity.of(who)
         return await self._adecide(identity, Gate(self._key(identity)), self._velocity_decision)
 
+    def gate_with(self, who: Who, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
+        """``gate``, and ``ops`` in the same round trip (one pipeline): a call's run-budget
+        reservations ride with its gate. The gate's decision, and the ops' results (None
+        when the store failed: the gate failed open, or closed, as ``gate`` does)."""
+        identity = Identity.of(who)
+        return self._decide_with(identity, Gate(self._key(identity)), ops)
+
+    async def agate_with(
+        self, who: Who, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        identity = Identity.of(who)
+        return await self._adecide_with(identity, Gate(self._key(identity)), ops)
+
+    def record_with(
+        self, who: Who, amount: float, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        """``record``, and ``ops`` in the same round trip: a call's run-budget settlements
+        ride with its record."""
+        identity = Identity.of(who)
+        op = self._record_op(identity, amount)
+        if op is None:
+            return self._decide(identity, None, self._velocity_decision), self.run_guarded(ops)
+        return self._decide_with(identity, op, ops)
+
+    async def arecord_with(
+        self, who: Who, amount: float, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        identity = Identity.of(who)
+        op = self._record_op(identity, amount)
+        if op is None:
+            decision = await self._adecide(identity, None, self._velocity_decision)
+            return decision, await self.arun_guarded(ops)
+        return await self._adecide_with(identity, op, ops)
+
     def record(self, who: Who, amount: float) -> Decision:
         """After a call: add what it spent; the verdict may open the key for the next call."""
         identity = Identity.of(who)
@@ -325,6 +359,54 @@ class Fuse:
         await self._async().arun(op := self._bucket_op(identity, rate, capacity))
         self._changed(identity, op)
 
+    # -- run budgets (``tokenfuse.run``): several runs' operations, failing open ---------------
+
+    def run_key(self, run_id: str) -> str:
+        """The store key of a run: ``run:`` and the keyed hash of its id, the same in every
+        process sharing the deployment secret (the id itself never reaches the store)."""
+        return f"run:{Identity.named(run_id).keyed(self._secret).hex}"
+
+    def run_guarded(self, ops: Sequence[Op[Any]]) -> list[Any] | None:
+        """Run ``ops`` in one round trip (``run_many``); None when the store failed or is being
+        skipped: that is counted and reported as every failed decision is, and the caller
+        goes on unchecked (or ``StoreUnavailable`` is raised when the fuse fails closed)."""
+        store = self._sync()
+        if self.health.available():
+            try:
+                run_many = getattr(store, "run_many", None)
+                results = run_many(ops) if run_many else [store.run(op) for op in ops]
+            except Exception as exc:
+                self._unguarded(ops, exc)
+                return None
+            self._healthy()
+            return results
+        self._unguarded(ops, None)
+        return None
+
+    async def arun_guarded(self, ops: Sequence[Op[Any]]) -> list[Any] | None:
+        """``run_guarded`` for asyncio code."""
+        store = self._async()
+        if self.health.available():
+            try:
+                arun_many = getattr(store, "arun_many", None)
+                results = (
+                    await arun_many(ops) if arun_many else [await store.arun(op) for op in ops]
+                )
+            except Exception as exc:
+                self._unguarded(ops, exc)
+                return None
+            self._healthy()
+            return results
+        self._unguarded(ops, None)
+        return None
+
+    def _unguarded(self, ops: Sequence[Op[Any]], exc: Exception | None) -> None:
+        """The store failed (``exc``) or is skipped: report it as ``_degraded`` does."""
+        if exc is not None and ops and WATCHERS.decisions:
+            store_failed(WATCHERS.decisions, self, ops[0], exc)
+        self._degraded(Identity.named("run"), exc)
+        return
+
     def _changed(self, identity: Identity, op: Reset | Forgive | Configure) -> None:
         """Report a change made by hand: an event, so every operator sees who changed what."""
         self.changed_by_key(identity.label, self._id(identity), op)
@@ -453,6 +535,45 @@ class Fuse:
             except Exception as exc:
                 outcome = exc
         return self._conclude(identity, op, decide, outcome, started)
+
+    def _decide_with(
+        self, identity: Identity, op: Gate | Record, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        """``_decide`` of ``op`` with ``ops`` after it in one pipeline; their results (None:
+        the store failed, and ``op``'s decision says so)."""
+        store = self._sync()
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: VelocityVerdict | Exception | None = None
+        rest: list[Any] | None = None
+        if self.health.available():
+            try:
+                run_many = getattr(store, "run_many", None)
+                both = [op, *ops]
+                results = run_many(both) if run_many else [store.run(each) for each in both]
+                outcome, rest = results[0], results[1:]
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+
+    async def _adecide_with(
+        self, identity: Identity, op: Gate | Record, ops: Sequence[Op[Any]]
+    ) -> tuple[Decision, list[Any] | None]:
+        store = self._async()
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        outcome: VelocityVerdict | Exception | None = None
+        rest: list[Any] | None = None
+        if self.health.available():
+            try:
+                arun_many = getattr(store, "arun_many", None)
+                both = [op, *ops]
+                if arun_many:
+                    results = await arun_many(both)
+                else:
+                    results = [await store.arun(each) for each in both]
+                outcome, rest = results[0], results[1:]
+            except Exception as exc:
+                outcome = exc
+        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
 
     def _conclude(
         self,

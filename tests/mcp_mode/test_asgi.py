@@ -358,3 +358,18 @@ def test_bad_mcp_settings_fail_at_construction(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         kind(**options)
+
+
+async def test_lease_mode_charges_tool_calls_from_the_lease(clock: Clock) -> None:
+    from tokenfuse._core.lease import LeasePolicy
+
+    app = ToolServer()
+    client, _ = guarded(
+        app, clock, capacity=10, lease=LeasePolicy(size=4, lifetime=60, top_up=False)
+    )
+    for n in range(11):
+        await client.post(call("lookup", n))
+    assert app.executed == ["lookup"] * 10  # the eleventh was refused (as a tool result)
+    leases = client.middleware.guard.leases
+    assert leases is not None
+    assert (leases.counts.renewals, leases.counts.local) == (3, 8)

@@ -164,6 +164,46 @@ def test_inbound_quota_refusals_and_a_near_limit_episode(scrape: Scrape, clock: 
     assert scrape.value("tokenfuse_near_limit_episodes_total", fuse="inbound") == 1
 
 
+def test_lease_mode_counts_every_decision_once(scrape: Scrape, clock: Clock) -> None:
+    """Calls decided from a lease count as the admits they stand for, renewals as leases:
+    the same totals as the direct mode."""
+    from tokenfuse._core.lease import LeasePolicy
+    from tokenfuse._leases import Leases
+
+    fuse = Fuse(MemoryStore(clock=clock), name="inbound", bucket=BucketPolicy(rate=1, capacity=5))
+    leases = Leases(fuse, LeasePolicy(size=2), clock=clock, background=False)
+    assert [leases.admit("caller-1").allowed for _ in range(8)] == [True] * 5 + [False] * 3
+    inbound = {"layer": "inbound", "fuse": "inbound"}
+
+    def decisions(operation: str, outcome: str) -> float:
+        return scrape.value(
+            "tokenfuse_decisions_total", operation=operation, outcome=outcome, **inbound
+        )
+
+    assert (decisions("lease", "allowed"), decisions("admit", "allowed")) == (2, 3)
+    assert (decisions("lease", "refused"), decisions("admit", "refused")) == (1, 2)
+    assert scrape.value("tokenfuse_refusals_total", reason="quota_exhausted", **inbound) == 3
+
+
+def test_failure_loops_are_counted_and_open_no_key(scrape: Scrape, clock: Clock) -> None:
+    def failing(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"type": "invalid_request_error"}})
+
+    client = guarded(Fuse(MemoryStore(clock=clock)), failing)
+    for _ in range(3):
+        chat(client)  # 400, 400, 400: the third trips the call
+    with pytest.raises(Exception, match="failure loop"):
+        chat(client)  # refused before sending
+    out = {"layer": "outbound", "fuse": "default"}
+    assert scrape.value("tokenfuse_trips_total", reason="failure_loop", **out) == 1
+    assert scrape.value("tokenfuse_refusals_total", reason="failure_loop", **out) == 2
+    assert (
+        scrape.value("tokenfuse_decisions_total", operation="check_loops", outcome="refused", **out)
+        == 1
+    )
+    assert scrape.value("tokenfuse_keys_open", fuse="default") == 0  # one call, not the key
+
+
 class FailingStore:
     def run(self, op: object) -> object:
         raise StoreUnavailable("down")
@@ -220,8 +260,9 @@ def test_metrics_add_no_store_round_trip(scrape: Scrape, clock: Clock) -> None:
     client = guarded(Fuse(store), openai_llm())
     for _ in range(10):
         chat(client)
-    assert Counting.runs == 20  # a gate and a record per call, as without metrics
-    assert sum(scrape.tally.snapshot()["decisions"].values()) == 20
+    # a gate, a failure-loop check and a record per call, as without metrics
+    assert Counting.runs == 30
+    assert sum(scrape.tally.snapshot()["decisions"].values()) == 30
 
 
 def test_a_failing_observer_never_breaks_a_call(

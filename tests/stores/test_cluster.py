@@ -16,8 +16,17 @@ from redis.crc import key_slot
 
 from tests.conftest import Clock
 from tests.stores.conftest import unique_prefix
-from tokenfuse import BucketPolicy, VelocityPolicy
-from tokenfuse._stores.ops import Admit, Configure, Gate, ReadStatus, Record, Reset
+from tokenfuse import BucketPolicy, Fuse, Identity, VelocityPolicy
+from tokenfuse._core.lease import LeasePolicy
+from tokenfuse._leases import Leases
+from tokenfuse._stores.ops import (
+    Admit,
+    Configure,
+    Gate,
+    ReadStatus,
+    Record,
+    Reset,
+)
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_codec import key_of
 
@@ -140,3 +149,51 @@ def test_scripts_are_reloaded_on_every_node_after_script_flush(
         store.run(Record(identity, 600, CEILING))
     cluster.script_flush()  # every primary forgets every script
     assert all(store.run(Record(identity, 600, CEILING)).tripped for identity in IDENTITIES)
+
+
+def test_leases_on_every_node(cluster: RedisCluster, prefix: str, clock: Clock) -> None:
+    """Leases of callers on all three nodes: taken with one script each, spent locally,
+    given back (each to its node)."""
+    store = RedisStore(cluster, prefix=prefix, clock=clock)
+    bucket = BucketPolicy(rate=1, capacity=20)
+    fuse = Fuse(store, name="in", velocity=CEILING, bucket=bucket, secret="a cluster test secret")
+    leases = Leases(fuse, LeasePolicy(size=10), clock=clock, background=False)
+    keys = [fuse._key(Identity.of(str(n))) for n in range(len(IDENTITIES))]
+    assert len({cluster.get_node_from_key(key_of(prefix, key)).name for key in keys}) == 3
+    for n in range(len(IDENTITIES)):
+        assert all(leases.admit(str(n), amount=100).allowed for _ in range(3))
+    leases.close()  # 8 unspent tokens and 2 calls back from each lease
+    assert (leases.counts.returns, leases.counts.returned) == (24, 24 * 8.0)
+    for n in range(len(IDENTITIES)):
+        status = store.run(ReadStatus(keys[n], CEILING, bucket))
+        assert (status.bucket_level, status.rate) == (20 - 3, 300.0)
+
+
+def test_loop_operations_on_every_node_in_their_identity_slot(
+    cluster: RedisCluster, prefix: str, clock: Clock
+) -> None:
+    """The failure-loop string shares its identity's hash tag: the same slot, so an identity's
+    gate and loop check go to one node, and one pipeline (``run_many``) serves both."""
+    from tokenfuse._core.loops import LoopPolicy
+    from tokenfuse._stores.ops import CheckLoops, ForgetLoops, NoteLoop
+    from tokenfuse._stores.redis_codec import loops_key_of
+
+    policy = LoopPolicy(failures=2)
+    mark = "0123456789abcdef"
+    store = RedisStore(cluster, prefix=prefix, clock=clock, open_keys=False)
+    try:
+        for identity in IDENTITIES:
+            slot = key_slot(loops_key_of(prefix, identity).encode())
+            assert slot == key_slot(key_of(prefix, identity).encode())
+            gate, check = store.run_many([Gate(identity), CheckLoops(identity, mark, policy)])
+            assert gate.allowed and check.allowed
+            store.run(NoteLoop(identity, mark, policy, True, 400, "bad"))
+            assert store.run(NoteLoop(identity, mark, policy, True, 400, "bad")).tripped
+            verdicts = store.run_many([Gate(identity), CheckLoops(identity, mark, policy)])
+            assert verdicts[0].allowed and not verdicts[1].allowed
+            assert verdicts[1].reason == "failure_loop" and verdicts[1].error == "bad"
+            assert store.run(ForgetLoops(identity)) == 1
+        assert len(owners(cluster, prefix)) == 3
+    finally:
+        for identity in IDENTITIES:
+            cluster.delete(loops_key_of(prefix, identity))

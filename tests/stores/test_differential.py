@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from tests.conftest import Clock
 from tests.stores.conftest import delete_prefix, read_states, unique_prefix
 from tokenfuse import BucketPolicy, MemoryStore, VelocityPolicy
+from tokenfuse._core.lease import LeaseVerdict
 from tokenfuse._core.velocity import VelocityVerdict
 from tokenfuse._stores.ops import (
     UNSET,
@@ -38,11 +39,13 @@ from tokenfuse._stores.ops import (
     Configure,
     Forgive,
     Gate,
+    Lease,
     Op,
     ReadStatus,
     Record,
     RecordBatch,
     Reset,
+    ReturnLease,
 )
 from tokenfuse._stores.redis import RedisStore
 
@@ -102,7 +105,8 @@ def operations(draw: st.DrawFn, keys: int) -> tuple[Any, ...]:
             ["record"] * 6
             + ["gate"] * 2
             + ["admit"] * 4
-            + ["reset", "configure", "batch", "forgive"]
+            + ["lease"] * 3
+            + ["reset", "configure", "batch", "forgive", "return"]
         )
     )
     if kind == "record":
@@ -115,6 +119,14 @@ def operations(draw: st.DrawFn, keys: int) -> tuple[Any, ...]:
         return kind, key, cost, amount, draw(st.booleans()), draw(st.booleans())
     if kind == "configure":
         return kind, key, draw(overrides), draw(overrides), draw(overrides)
+    if kind in ("lease", "return"):
+        cost = draw(st.sampled_from([0.0, 1.0, 1.0, 2.5]))
+        amount = draw(st.just(0.0) | amounts)
+        want = draw(st.sampled_from([0.0, 1.0, 7.5]) | st.floats(0, 200, **finite))
+        give_back = draw(st.sampled_from([0.0, 3.0]) | st.floats(0, 200, **finite))
+        pending = tuple(draw(st.lists(amounts, max_size=4)))
+        policies = draw(st.booleans()), draw(st.booleans())
+        return kind, key, cost, amount, want, give_back, pending, *policies
     return kind, key
 
 
@@ -221,6 +233,13 @@ def operation(drawn: tuple[Any, ...], scenario: Scenario) -> Op[Any]:
         velocity = scenario.velocity if with_velocity else None
         bucket = scenario.bucket if with_bucket else None
         return Admit(key, cost=cost, amount=amount, velocity=velocity, bucket=bucket)
+    if kind in ("lease", "return"):
+        cost, amount, want, give_back, pending, with_velocity, with_bucket = args
+        velocity = scenario.velocity if with_velocity else None
+        bucket = scenario.bucket if with_bucket else None
+        if kind == "return":
+            return ReturnLease(key, give_back, pending, velocity, bucket)
+        return Lease(key, cost, amount, want, give_back, pending, velocity, bucket)
     if kind == "forgive":
         return Forgive(key)
     if kind == "reset":
@@ -232,6 +251,12 @@ def operation(drawn: tuple[Any, ...], scenario: Scenario) -> Op[Any]:
 def label(verdict: Any) -> float:
     """Note what the sequences reach (``pytest --hypothesis-show-statistics``); return the
     verdict's ``retry_after``, if it is a refusal."""
+    if isinstance(verdict, LeaseVerdict):
+        if verdict.granted > 0:
+            event("lease granted")
+        if verdict.tripped is not None:
+            event("tripped by a lease's calls")
+        verdict = verdict.admit
     velocity = getattr(verdict, "velocity", verdict)
     bucket = getattr(verdict, "bucket", None)
     retry_after = 0.0

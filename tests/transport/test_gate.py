@@ -127,14 +127,21 @@ def test_a_ceiling_trip_raises_ceiling_exceeded(lib: ModuleType, clock: Clock) -
         pytest.param(CASES["openai-error-429"], ["gate"], id="error"),
     ],
 )
+@pytest.mark.parametrize("loops", [False, True], ids=["no-loop-breaker", "loop-breaker"])
 def test_at_most_two_store_round_trips_per_call(
-    lib: ModuleType, clock: Clock, case: Any, round_trips: list[str]
+    lib: ModuleType, clock: Clock, case: Any, round_trips: list[str], loops: bool
 ) -> None:
+    """The velocity fuse's gate and record; the failure-loop breaker adds its check before the
+    call (on Redis the gate is usually answered locally, so still one round trip), and after
+    a success with no failures to end, nothing (a 429 is no failure: ``loop_step``)."""
     store = CountingStore(MemoryStore(clock=clock))
     fuse = Fuse(store)
-    with lib.Client(transport=FuseTransport(ChunkServer(lib, case).transport(), fuse=fuse)) as c:
+    options: dict[str, Any] = {} if loops else {"failure_loops": None}
+    inner = ChunkServer(lib, case).transport()
+    with lib.Client(transport=FuseTransport(inner, fuse=fuse, **options)) as c:
         post(c, case).read()
-    assert store.calls == round_trips
+    expected = [round_trips[0], "check_loops", *round_trips[1:]] if loops else round_trips
+    assert store.calls == expected
 
 
 async def test_async_round_trips(lib: ModuleType, clock: Clock) -> None:
@@ -142,7 +149,7 @@ async def test_async_round_trips(lib: ModuleType, clock: Clock) -> None:
     transport = AsyncFuseTransport(ChunkServer(lib, STREAM).transport(), fuse=Fuse(store))
     async with lib.AsyncClient(transport=transport) as client:
         await client.post(STREAM.url, content=b"{}")
-    assert store.calls == ["agate", "arecord"]
+    assert store.calls == ["agate", "acheck_loops", "arecord"]
 
 
 def test_the_report_is_in_the_response_extensions(lib: ModuleType, fuse: Fuse) -> None:

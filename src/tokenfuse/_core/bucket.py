@@ -28,9 +28,11 @@ __all__ = [
     "BucketState",
     "BucketVerdict",
     "consume",
+    "give_back",
     "level",
     "limits_of",
     "new_state",
+    "take_more",
 ]
 
 _MINUTE = 60.0
@@ -179,3 +181,29 @@ def consume(state: BucketState, cost: float, now: float, params: BucketPolicy) -
         retry_after=0.0,
         near_limit=near_limit,
     )
+
+
+# -- leases (lease.py): tokens taken ahead of the calls that spend them, and given back --------
+
+
+def take_more(state: BucketState, want: float, now: float, params: BucketPolicy) -> float:
+    """Right after a ``consume`` that allowed a call at ``now``: take up to ``want`` more (what
+    the bucket holds, no more) for a lease; returns what was taken. Counted as used, like
+    admitted cost, for the near-limit episodes (a ``give_back`` uncounts what comes back)."""
+    taken = min(want, state.tokens)
+    if taken <= 0.0:
+        return 0.0
+    state.tokens = max(state.tokens - taken, 0.0)
+    state.use_amount += taken
+    return taken
+
+
+def give_back(state: BucketState, tokens: float, now: float, params: BucketPolicy) -> None:
+    """Return ``tokens`` a lease took and did not spend: the bucket refills by them, never
+    above its capacity (tokens that come back to a full bucket are lost, never over-admitted)."""
+    capacity, rate = limits_of(state, params)
+    current = level(state, now, capacity, rate)
+    state.updated = max(now, state.updated)
+    state.tokens = min(capacity, current + tokens)
+    if state.use_minute == math.floor(now / _MINUTE):
+        state.use_amount = max(state.use_amount - tokens, 0.0)

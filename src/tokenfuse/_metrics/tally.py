@@ -56,10 +56,14 @@ class KeySeen:
     seen: float  # time.monotonic() of that decision
 
 
+_INBOUND = frozenset({"admit", "lease"})  # lease: the middleware's lease mode renewing
+_KEY_STAYS_CLOSED = frozenset({"quota_exhausted", "failure_loop", "repeat_loop", "tool_loop"})
+
+
 def _layer(fuse: Fuse, op_name: str) -> str:
     # The middleware decides with admit; its fuses have a bucket, even for the tokens a
     # handler reports later (record). The transport gates and records on bucketless fuses.
-    return "inbound" if op_name == "admit" or fuse.bucket is not None else "outbound"
+    return "inbound" if op_name in _INBOUND or fuse.bucket is not None else "outbound"
 
 
 class _Series:
@@ -147,7 +151,8 @@ class Tally:
         self._refusals[counted] = self._refusals.get(counted, 0) + 1
         if decision.tripped:
             self._trips[counted] = self._trips.get(counted, 0) + 1
-        if error is not None and reason != "quota_exhausted":  # an empty bucket opens nothing
+        # An empty bucket opens nothing; a loop refusal closes one call, not the key.
+        if error is not None and reason not in _KEY_STAYS_CLOSED:
             if key not in self._open and len(self._open) >= _MAX_OPEN:
                 del self._open[next(iter(self._open))]
             self._open[key] = time.time() + error.retry_after

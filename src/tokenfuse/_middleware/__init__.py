@@ -12,9 +12,12 @@
 middleware classes share, and ``asgi.py`` / ``wsgi.py`` differ only in how they speak their
 protocol. ``reply.py`` formats what the middleware answers, ``identify.py`` turns a request
 into an ``Identity`` (``clients.py``: the client address, for callers without one), and
-``defaults.py`` is what a ``TokenFuse`` without options enforces.
+``defaults.py`` is what a ``TokenFuse`` without options enforces. With ``lease=True``, a Plan
+admits through ``tokenfuse._leases.Leases``: most calls then make no store trip at all.
 """
 
+from .._core.lease import LeasePolicy
+from .._leases import LeaseCounts, Leases
 from .asgi import TokenFuse
 from .defaults import CALL_VELOCITY, default_inbound_fuse, inbound_fuse
 from .identify import ANONYMOUS, IdentifyRequest, bearer_or_api_key, by_header, verified
@@ -32,6 +35,9 @@ __all__ = [
     "TOKENS_HEADER",
     "IdentifyRequest",
     "InboundOptions",
+    "LeaseCounts",
+    "LeasePolicy",
+    "Leases",
     "Reply",
     "RequestView",
     "TokenFuse",

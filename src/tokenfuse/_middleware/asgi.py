@@ -10,14 +10,20 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .._errors import StoreUnavailable
+from .._leases import Leases
 from .guard import Outcome
+from .loops import read_asgi_body
 from .mcp.mode import McpMode
 from .reply import Headers, Reply, unavailable
 from .report import parse_amount
 from .request import AsgiRequest
+from .run_binding import run_of
 from .shell import InboundMiddleware
 
 __all__ = ["TokenFuse"]
+
+#: Where a guarded request's response status is kept in its scope, for the loop breaker.
+_STATUS = "tokenfuse.status"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -31,6 +37,19 @@ def _encode(headers: Headers) -> list[tuple[bytes, bytes]]:
         (name.lower().encode("latin-1", "replace"), value.encode("latin-1", "replace"))
         for name, value in headers
     ]
+
+
+def _giving_leases_back(receive: Receive, leases: Leases) -> Receive:
+    """``receive`` for the lifespan: at shutdown, give every lease back first, while the
+    app's store is still open (its own shutdown handlers may close it)."""
+
+    async def receive_and_give_back() -> Message:
+        message = await receive()
+        if message.get("type") == "lifespan.shutdown":
+            await leases.aclose()
+        return message
+
+    return receive_and_give_back
 
 
 async def _send_reply(send: Send, reply: Reply) -> None:
@@ -53,8 +72,10 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
     ... )
 
     The keyword options (``fuse``, ``identify``, ``anonymous``, ``cost``, ``tiers``, ``count``,
-    ``exclude``, ``shadow``, ``refusal``, ``policy_name``, ``tokens_header``, ``mcp``) are
-    described in ``InboundOptions``; the fuse's store needs an async face.
+    ``exclude``, ``shadow``, ``refusal``, ``policy_name``, ``tokens_header``, ``mcp``,
+    ``lease``) are described in ``InboundOptions``; the fuse's store needs an async face.
+    With ``lease``, the leases go back to the store when the server shuts the app down (ASGI
+    lifespan), before the app's own shutdown handlers run.
     """
 
     face = "async"
@@ -71,10 +92,22 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
             self._mcp = McpShell(self.guard, mode, self.cost)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._guarded(scope, receive, send, AsgiRequest(scope))
+            return
+        request = AsgiRequest(scope)
+        with run_of(request):  # run budgets: the caller's run, bound for the handler
+            await self._guarded(scope, receive, send, request)
+
+    async def _guarded(
+        self, scope: Scope, receive: Receive, send: Send, request: AsgiRequest
+    ) -> None:
         if self._mcp is not None and scope["type"] == "http":
             await self._mcp(scope, receive, send, self.app)
             return
-        request = AsgiRequest(scope)
+        if scope["type"] == "lifespan" and self.guard.leases is not None:
+            await self.app(scope, _giving_leases_back(receive, self.guard.leases), send)
+            return
         plan = self.guard.plan(request) if scope["type"] == "http" else None
         if plan is None:
             await self.app(scope, receive, send)
@@ -88,25 +121,39 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
         if outcome.reply is not None:
             await _send_reply(send, outcome.reply)
             return
-        send = self._with_headers(send, outcome)
+        watch = None
+        if self.guard.loops is not None:  # the failure-loop breaker (loops.py)
+            body, receive = await read_asgi_body(request, receive)
+            watch, reply = await self.guard.acheck_loops(plan, request, body)
+            if reply is not None:
+                await _send_reply(send, reply)
+                return
+        send = self._with_headers(send, outcome, scope if watch is not None else None)
         report = outcome.report
-        if report is None:
-            await self.app(scope, receive, send)
-            return
         try:
-            with report.active():
+            if report is None:
                 await self.app(scope, receive, send)
+                return
+            try:
+                with report.active():
+                    await self.app(scope, receive, send)
+            finally:
+                await self.guard.arecord(plan, report)
         finally:
-            await self.guard.arecord(plan, report)
+            if watch is not None and self.guard.loops is not None:  # status 500 if none sent
+                await self.guard.loops.anote(watch, scope.get(_STATUS, 500))
 
-    def _with_headers(self, send: Send, outcome: Outcome) -> Send:
+    def _with_headers(self, send: Send, outcome: Outcome, keep_status: Scope | None) -> Send:
         """``send``, adding the outcome's headers to the response and taking the tokens header
-        out of it (into the report, when counting tokens)."""
+        out of it (into the report, when counting tokens); the status is kept in
+        ``keep_status`` (the request's scope) for the failure-loop breaker."""
         extra = _encode(outcome.headers)
         tokens_header, report = self._tokens_header, outcome.report
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
+                if keep_status is not None:
+                    keep_status[_STATUS] = int(message.get("status", 500))
                 headers = []
                 for name, value in message.get("headers", ()):
                     if bytes(name).lower() == tokens_header:

@@ -13,14 +13,17 @@ import logging
 from dataclasses import dataclass
 
 from .._core.bucket import BucketPolicy
+from .._core.lease import LeasePolicy
 from .._errors import ConfigurationError, FuseTripped, StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
+from .._leases import Leases
 from .._settings import current as current_settings
 from .._throttle import Throttle
 from .clients import ClientAddress
 from .defaults import default_inbound_fuse
 from .identify import ANONYMOUS, bearer_or_api_key
+from .loops import InboundLoops, LoopCall
 from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tiers_rule
 from .reply import Headers, Reply, delay_seconds, rate_limit_headers, refused
 from .report import DECISION_KEY, REPORT_KEY, Report
@@ -40,14 +43,15 @@ class Plan:
     bucket: BucketPolicy | None  # the caller's tier, None for the fuse's own bucket
     cost: float
     amount: float  # recorded into the velocity window at admission (0 with count="tokens")
+    leases: Leases | None = None  # admit from leases (``lease=True``), else from the fuse
 
     def admit(self) -> Decision:
-        return self.fuse.admit(
-            self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        admitter = self.leases or self.fuse
+        return admitter.admit(self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket)
 
     async def aadmit(self) -> Decision:
-        return await self.fuse.aadmit(
+        admitter = self.leases or self.fuse
+        return await admitter.aadmit(
             self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
         )
 
@@ -92,6 +96,13 @@ class InboundGuard:
         self._tier_of = tiers_rule(options.tiers)
         self._client = ClientAddress(options.trusted_proxies)
         self._shadow_log = Throttle(1.0)
+        #: The leases calls are admitted from (``lease=True``), or None: each call asks the store.
+        self.leases: Leases | None = None
+        if options.lease:
+            lease = options.lease if isinstance(options.lease, LeasePolicy) else LeasePolicy()
+            self.leases = Leases(self.fuse, lease)
+        loops = options.failure_loops
+        self.loops = InboundLoops(self.fuse, loops) if loops is not None else None
 
     # -- per request -------------------------------------------------------------------------
 
@@ -104,7 +115,7 @@ class InboundGuard:
             return None
         amount = 1.0 if self.count == "calls" else 0.0
         tier = self._tier_of(request, identity)
-        return Plan(self.fuse, identity, tier, self._cost_of(request), amount)
+        return Plan(self.fuse, identity, tier, self._cost_of(request), amount, self.leases)
 
     def settle(self, plan: Plan, decision: Decision, request: RequestView) -> Outcome:
         """Headers for an allowed call, or the refusal (none of either when failing open).
@@ -118,15 +129,51 @@ class InboundGuard:
         error = decision.error
         if decision.allowed or error is None:
             return self._go_ahead(request, self._rate_headers(plan, decision, None))
+        reply, headers = self._refusal(plan, decision, error, request)
+        return Outcome(reply) if reply is not None else self._go_ahead(request, headers)
+
+    def _refusal(
+        self, plan: Plan, decision: Decision, error: FuseTripped, request: RequestView
+    ) -> tuple[Reply | None, Headers]:
+        """The reply refusing the request, or (shadow mode) None and the headers to add."""
         retry = delay_seconds(error.retry_after)
         headers = self._rate_headers(plan, decision, retry)
         if self.shadow:
             self._log_shadow(request, error)
-            return self._go_ahead(request, headers)
+            return None, headers
         headers = (("Retry-After", str(retry)), *headers)
         if self.refusal is not None:
-            return Outcome(self.refusal(error, request).with_defaults(headers))
-        return Outcome(refused(error, headers))
+            return self.refusal(error, request).with_defaults(headers), headers
+        return refused(error, headers), headers
+
+    # -- the failure-loop breaker (loops.py): after admission, before the app ----------------
+
+    def check_loops(
+        self, plan: Plan, request: RequestView, body: bytes | None
+    ) -> tuple[LoopCall | None, Reply | None]:
+        """The watch of this call, or the reply refusing it as a loop."""
+        loops = self.loops
+        if loops is None:
+            return None, None
+        call = loops.name(request, _query_of(request), body)
+        decision, watch = loops.check(plan.identity, call)
+        return watch, self._loop_reply(plan, decision, request)
+
+    async def acheck_loops(
+        self, plan: Plan, request: RequestView, body: bytes | None
+    ) -> tuple[LoopCall | None, Reply | None]:
+        loops = self.loops
+        if loops is None:
+            return None, None
+        call = loops.name(request, _query_of(request), body)
+        decision, watch = await loops.acheck(plan.identity, call)
+        return watch, self._loop_reply(plan, decision, request)
+
+    def _loop_reply(self, plan: Plan, decision: Decision, request: RequestView) -> Reply | None:
+        error = decision.error
+        if decision.allowed or decision.degraded or error is None:
+            return None
+        return self._refusal(plan, decision, error, request)[0]
 
     def record(self, plan: Plan, report: Report) -> None:
         """Record what the handler reported, once the response is complete."""
@@ -188,6 +235,11 @@ class InboundGuard:
             if decision.error is not None and decision.error.reason != "quota_exhausted":
                 remaining = 0.0
         return rate_limit_headers(self.policy_name, capacity, rate, remaining, window)
+
+
+def _query_of(request: RequestView) -> object:
+    raw = request.raw
+    return raw.get("query_string", b"") if "query_string" in raw else raw.get("QUERY_STRING", "")
 
 
 def _not_recorded(total: float) -> None:

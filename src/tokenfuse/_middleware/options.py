@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Literal, ParamSpec, TypeVar
 
 from .._core.bucket import BucketPolicy
+from .._core.lease import LeasePolicy
 from .._errors import ConfigurationError, FuseTripped
 from .._fuse import Fuse
 from .._identity import Identity
+from .._loops import FailureLoopPolicy
 from .identify import IdentifyRequest, resolve
 from .mcp.mode import McpMode
 from .reply import Reply
@@ -53,6 +55,9 @@ Refusal = Callable[[FuseTripped, RequestView], Reply]
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+
+#: The failure-loop breaker's policy unless told otherwise: on, with its defaults.
+DEFAULT_FAILURE_LOOPS = FailureLoopPolicy()
 
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
@@ -93,6 +98,16 @@ class InboundOptions:
         mcp: ``True`` (or an ``McpMode``) in front of an MCP server (ASGI only): charge
             ``tools/call`` by tool name (``cost={"refund": 5}``), never the protocol's own
             messages, and refuse in MCP's shape (``docs/mcp.md``).
+        lease: ``True`` (or a ``LeasePolicy``) to admit a caller's calls from a slice of its
+            bucket this process leases from the store, one round trip per lease instead of
+            per call; for callers above ~500 calls/s on a shared store. The bucket may then
+            admit up to ``processes * LeasePolicy.largest`` more in any interval
+            (``docs/design.md#leases``). Off by default.
+        failure_loops: the failure-loop breaker (``FailureLoopPolicy``): the same caller
+            calling the same route with the same arguments and getting an error (status 400
+            or more, 429 excepted) ``failures`` times within ``window`` gets a 429 naming the
+            call and the count (``docs/guards.md#failure-loop-breaker``). ``None`` turns it
+            off. MCP mode has its own (``docs/mcp.md``).
     """
 
     fuse: Fuse | None = None
@@ -108,9 +123,18 @@ class InboundOptions:
     policy_name: str = "default"
     tokens_header: str = TOKENS_HEADER
     mcp: bool | McpMode = False
+    lease: bool | LeasePolicy = False
+    failure_loops: FailureLoopPolicy | None = DEFAULT_FAILURE_LOOPS
 
     def __post_init__(self) -> None:
         McpMode.of(self.mcp)  # refuses anything but a bool or an McpMode
+        if not isinstance(self.lease, (bool, LeasePolicy)):
+            raise ConfigurationError(f"lease must be a bool or a LeasePolicy, not {self.lease!r}")
+        if self.failure_loops is not None and not isinstance(self.failure_loops, FailureLoopPolicy):
+            raise ConfigurationError(
+                "failure_loops must be a FailureLoopPolicy or None, not "
+                f"{type(self.failure_loops).__name__}"
+            )
         if self.anonymous not in ("shared", "client", "allow"):
             raise ConfigurationError(
                 f"anonymous must be 'shared', 'client' or 'allow', not {self.anonymous!r}"

@@ -12,10 +12,12 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from .._errors import StoreUnavailable
-from .guard import Outcome
+from .guard import Outcome, Plan
+from .loops import LoopCall, iterable_closing, read_wsgi_body, status_of
 from .reply import Reply, unavailable
 from .report import Report, parse_amount
 from .request import WsgiRequest
+from .run_binding import run_of
 from .shell import InboundMiddleware
 
 if TYPE_CHECKING:
@@ -95,6 +97,12 @@ class TokenFuseWSGI(InboundMiddleware[WSGIApplication]):
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         request = WsgiRequest(environ)
+        with run_of(request):  # run budgets: the caller's run, bound for the handler
+            return self._guarded(environ, start_response, request)
+
+    def _guarded(
+        self, environ: WSGIEnvironment, start_response: StartResponse, request: WsgiRequest
+    ) -> Iterable[bytes]:
         plan = self.guard.plan(request)
         if plan is None:
             return self.app(environ, start_response)
@@ -105,7 +113,17 @@ class TokenFuseWSGI(InboundMiddleware[WSGIApplication]):
         outcome = self.guard.settle(plan, decision, request)
         if outcome.reply is not None:
             return _send_reply(start_response, outcome.reply)
-        start = self._with_headers(start_response, outcome)
+        if self.guard.loops is not None:  # the failure-loop breaker (loops.py)
+            watch, reply = self.guard.check_loops(plan, request, read_wsgi_body(request))
+            if reply is not None:
+                return _send_reply(start_response, reply)
+            if watch is not None:
+                return self._watched(environ, start_response, outcome, plan, watch)
+        return self._run(environ, self._with_headers(start_response, outcome), outcome, plan)
+
+    def _run(
+        self, environ: WSGIEnvironment, start: StartResponse, outcome: Outcome, plan: Plan
+    ) -> Iterable[bytes]:
         report = outcome.report
         if report is None:
             return self.app(environ, start)
@@ -117,6 +135,37 @@ class TokenFuseWSGI(InboundMiddleware[WSGIApplication]):
             record()
             raise
         return _ReportingBody(body, report, record)
+
+    def _watched(
+        self,
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+        outcome: Outcome,
+        plan: Plan,
+        watch: LoopCall,
+    ) -> Iterable[bytes]:
+        """``_run``, noting the response's status for the failure-loop breaker once the
+        body is closed (500 when the app raises or never starts a response)."""
+        loops = self.guard.loops
+        assert loops is not None
+        status = [500]
+        start = self._with_headers(start_response, outcome)
+
+        def start_noting(
+            line: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None
+        ) -> Callable[[bytes], object]:
+            status[0] = status_of(line)
+            return start(line, headers, exc_info)
+
+        def note() -> None:
+            loops.note(watch, status[0])
+
+        try:
+            body = self._run(environ, start_noting, outcome, plan)
+        except BaseException:
+            note()
+            raise
+        return iterable_closing(body, note)
 
     def _with_headers(self, start_response: StartResponse, outcome: Outcome) -> StartResponse:
         """``start_response``, adding the outcome's headers to the response and taking the

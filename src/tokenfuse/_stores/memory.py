@@ -11,9 +11,14 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .._core import bucket as _bucket
+from .._core import budget as _budget
+from .._core import loops as _loops
 from .._core import velocity as _velocity
 from .._core.admission import AdmitVerdict, admit
 from .._core.bucket import BucketPolicy, BucketState
+from .._core.budget import RunState, RunVerdict
+from .._core.lease import LeaseVerdict, grant, settle
+from .._core.loops import LoopState, LoopVerdict
 from .._core.status import Status, status_of
 from .._core.velocity import VelocityState, VelocityVerdict
 from .._errors import ConfigurationError
@@ -21,17 +26,26 @@ from .._events import logger
 from .event_log import MemoryEventLog
 from .ops import (
     Admit,
+    CheckLoops,
     Configure,
+    ForgetLoops,
     Forgive,
     Gate,
     KeyPage,
+    Lease,
     ListKeys,
+    NoteLoop,
     Op,
+    OpenRun,
+    ReadRun,
     ReadState,
     ReadStatus,
     Record,
     RecordBatch,
+    Reserve,
     Reset,
+    ReturnLease,
+    Settle,
     StoredState,
     Unset,
 )
@@ -54,12 +68,17 @@ class _Entry:
     expires: float = 0.0
     # The bucket policy of the key's last admission: what "depleted" means for its bucket.
     bucket_policy: BucketPolicy | None = None
+    # The failure-loop breaker's recent calls (``loops``), kept with the identity.
+    loops: LoopState | None = None
 
     def is_live(self, now: float) -> bool:
         """Whether evicting this entry would undo a decision: an open latch, a live override,
-        or a bucket drained below half (evicting it would hand its caller a full one)."""
+        a call the failure-loop breaker refuses, or a bucket drained below half (evicting it
+        would hand its caller a full one)."""
         if self.expires <= now:
             return False
+        if self.loops is not None and any(call.open_until > now for call in self.loops.calls):
+            return True
         velocity, bucket = self.velocity, self.bucket
         if velocity is not None and (velocity.open_until > now or velocity.limit_override >= 0):
             return True
@@ -94,9 +113,16 @@ class MemoryStore:
         max_keys: int = 20_000,
         ttl: float = 14 * 86_400.0,
         clock: Callable[[], float] = time.time,
+        max_runs: int = 10_000,
     ) -> None:
         if max_keys < 1:
             raise ConfigurationError("max_keys must be at least 1")
+        if max_runs < 1:
+            raise ConfigurationError("max_runs must be at least 1")
+        self.max_runs = max_runs
+        #: Runs evicted to make room for others (their budgets start again if they come back).
+        self.run_evictions = 0
+        self._runs: OrderedDict[str, RunState] = OrderedDict()
         self.max_keys = max_keys
         self.ttl = float(ttl)
         self.clock = clock
@@ -222,6 +248,45 @@ class MemoryStore:
             bucket=op.bucket,
         )
 
+    def _leased(self, op: Lease | ReturnLease, now: float) -> _Entry:
+        """The key's entry with the states the lease operation works on (``_admit``'s)."""
+        entry = self._entry(op.key, now)
+        records = op.pending or (type(op) is Lease and op.amount > 0)
+        if op.velocity is not None and entry.velocity is None and records:
+            entry.velocity = _velocity.new_state(now)
+        if op.bucket is not None:
+            entry.bucket_policy = op.bucket
+            if entry.bucket is None:
+                entry.bucket = _bucket.new_state(now, op.bucket)
+        return entry
+
+    def _lease(self, op: Lease, now: float) -> LeaseVerdict:
+        entry = self._leased(op, now)
+        return grant(
+            entry.velocity,
+            entry.bucket,
+            cost=op.cost,
+            amount=op.amount,
+            want=op.want,
+            give_back=op.give_back,
+            pending=op.pending,
+            now=now,
+            velocity=op.velocity,
+            bucket=op.bucket,
+        )
+
+    def _return_lease(self, op: ReturnLease, now: float) -> VelocityVerdict | None:
+        entry = self._leased(op, now)
+        return settle(
+            entry.velocity,
+            entry.bucket,
+            give_back=op.give_back,
+            pending=op.pending,
+            now=now,
+            velocity=op.velocity,
+            bucket=op.bucket,
+        )
+
     def _peek(self, key: str, now: float) -> _Entry:
         """The key's entry, or an empty one; read only: neither touched nor moved."""
         entry = self._entries.get(key)
@@ -241,6 +306,8 @@ class MemoryStore:
         statuses = []
         for key in keys[:count]:
             entry = self._entries[key]
+            if entry.velocity is None and entry.bucket is None and entry.loops is not None:
+                continue  # loop state only: RedisStore keeps it apart, unlisted, too
             if entry.expires > now:
                 statuses.append(
                     status_of(key, entry.velocity, entry.bucket, now, op.velocity, op.bucket)
@@ -259,6 +326,66 @@ class MemoryStore:
         if entry is not None and entry.velocity is not None:
             _velocity.forgive(entry.velocity)
 
+    # -- run budgets: their own bounded table ---------------------------------------------------
+
+    def _run(self, key: str, now: float) -> RunState | None:
+        """The run's live state, marked most recently used; lock held."""
+        state = _budget.live(self._runs.get(key), now)
+        if state is None:
+            self._runs.pop(key, None)
+            return None
+        self._runs.move_to_end(key)
+        return state
+
+    def _keep_run(self, key: str, state: RunState, now: float) -> None:
+        self._runs[key] = state
+        self._runs.move_to_end(key)
+        if len(self._runs) <= self.max_runs:
+            return
+        probed = itertools.islice(self._runs.items(), EVICTION_PROBES + 1)
+        oldest = [(k, run) for k, run in probed if k != key][:EVICTION_PROBES]
+        victim = next(
+            (k for k, run in oldest if run.expires <= now),
+            next((k for k, run in oldest if run.reserved_tokens == run.reserved_usd == 0), None),
+        )
+        del self._runs[victim if victim is not None else oldest[0][0]]
+        self.run_evictions += 1
+        if victim is None:
+            logger.warning(
+                "tokenfuse MemoryStore evicted a run with calls in flight (%d runs); raise "
+                "max_runs",
+                len(self._runs),
+            )
+
+    def _open_run(self, op: OpenRun, now: float) -> RunVerdict:
+        state = _budget.open_run(
+            self._run(op.key, now), now, op.ttl, op.token_limit, op.usd_limit, op.join
+        )
+        self._keep_run(op.key, state, now)
+        return RunVerdict(allowed=True, state=replace(state))
+
+    def _reserve(self, op: Reserve, now: float) -> RunVerdict:
+        state = self._run(op.key, now) or _budget.new_run(
+            now, op.ttl, _budget.NO_LIMIT, _budget.NO_LIMIT
+        )
+        verdict = _budget.reserve(state, now, op.ttl, op.tokens, op.usd)
+        self._keep_run(op.key, state, now)
+        verdict.state = replace(state)
+        return verdict
+
+    def _settle(self, op: Settle, now: float) -> RunVerdict:
+        state = self._run(op.key, now) or _budget.new_run(
+            now, op.ttl, _budget.NO_LIMIT, _budget.NO_LIMIT
+        )
+        verdict = _budget.settle(state, now, op.ttl, op.held_tokens, op.held_usd, op.tokens, op.usd)
+        self._keep_run(op.key, state, now)
+        verdict.state = replace(state)
+        return verdict
+
+    def _read_run(self, op: ReadRun, now: float) -> RunState | None:
+        state = _budget.live(self._runs.get(op.key), now)
+        return replace(state) if state is not None else None
+
     def _configure(self, op: Configure, now: float) -> None:
         entry = self._entry(op.key, now)
         if not isinstance(op.limit, Unset):
@@ -274,6 +401,37 @@ class MemoryStore:
         if not isinstance(op.rate, Unset):
             entry.bucket.rate_override = -1.0 if op.rate is None else op.rate
 
+    def _check_loops(self, op: CheckLoops, now: float) -> LoopVerdict:
+        entry = self._entry(op.key, now)
+        if entry.loops is None:
+            entry.loops = LoopState()
+        return _loops.check(entry.loops, op.fingerprint, now, op.policy)
+
+    def _note_loop(self, op: NoteLoop, now: float) -> LoopVerdict:
+        entry = self._entry(op.key, now)
+        if entry.loops is None:
+            entry.loops = LoopState()
+        error = _loops.clean_error(op.error)  # as the codec sends it to Redis
+        return _loops.note(
+            entry.loops, op.fingerprint, op.failed, float(op.status), error, now, op.policy
+        )
+
+    def _forget_loops(self, op: ForgetLoops, now: float) -> int:
+        entry = self._entries.get(op.key)
+        if entry is None or entry.loops is None:
+            return 0
+        before = len(entry.loops.calls)
+        _loops.forget(entry.loops, op.fingerprint)
+        return before - len(entry.loops.calls)
+
+    def loop_state(self, key: str) -> LoopState | None:
+        """A copy of the key's failure-loop state (tests and operators), read only."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.loops is None:
+                return None
+            return LoopState([replace(call) for call in entry.loops.calls])
+
 
 #: How ``MemoryStore`` runs each operation.
 _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
@@ -281,12 +439,21 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     Record: MemoryStore._record,
     RecordBatch: MemoryStore._record_batch,
     Admit: MemoryStore._admit,
+    Lease: MemoryStore._lease,
+    ReturnLease: MemoryStore._return_lease,
     ReadStatus: MemoryStore._status,
     ListKeys: MemoryStore._list,
     Reset: MemoryStore._reset,
     Forgive: MemoryStore._forgive,
     Configure: MemoryStore._configure,
     ReadState: MemoryStore._read_state,
+    CheckLoops: MemoryStore._check_loops,
+    NoteLoop: MemoryStore._note_loop,
+    ForgetLoops: MemoryStore._forget_loops,
+    OpenRun: MemoryStore._open_run,
+    Reserve: MemoryStore._reserve,
+    Settle: MemoryStore._settle,
+    ReadRun: MemoryStore._read_run,
 }
 
 

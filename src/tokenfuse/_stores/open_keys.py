@@ -148,6 +148,9 @@ class OpenKeys:
         self._lock = threading.Lock()
         self._next_warning = 0.0
         self._changed = threading.Condition()  # notified at each change: tests wait on it
+        #: Called with (kind, key) for each announcement applied: ``o`` opened, ``c`` closed
+        #: (reset or forgiven), ``u`` live overrides changed. Leases renew on them.
+        self.listeners: list[Callable[[str, str], None]] = []
         _after_fork.add(self)
 
     def __repr__(self) -> str:
@@ -285,13 +288,20 @@ class OpenKeys:
     def apply(self, text: str) -> None:
         """Apply one announcement (the scripts' message format, ``lua/_lib.lua``)."""
         kind, _, rest = text.partition(" ")
+        key = rest
         if kind == "o":
             # '<open_until> <refusal> <key>': the key last, as it may hold spaces.
             fields = rest.split(" ", _REFUSAL_FIELDS + 1)
             if len(fields) == _REFUSAL_FIELDS + 2:
-                self._opened(fields[-1], float(fields[0]), fields[1:-1])
+                key = fields[-1]
+                self._opened(key, float(fields[0]), fields[1:-1])
         elif kind == "c" and self._announced(rest):
             self._open.pop(rest, None)
+        for listener in self.listeners:
+            try:
+                listener(kind, key)
+            except Exception:  # a listener's bug must not stop the view
+                logger.exception("tokenfuse: an open-key listener failed")
         self._notify()
 
     def _announced(self, key: str) -> bool:

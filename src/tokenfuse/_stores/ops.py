@@ -19,23 +19,35 @@ from typing import ClassVar, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState
+from .._core.budget import RunState, RunVerdict
+from .._core.lease import LeaseVerdict
+from .._core.loops import LoopPolicy, LoopVerdict
 from .._core.status import Status
 from .._core.velocity import VelocityPolicy, VelocityState, VelocityVerdict
 
 __all__ = [
     "UNSET",
     "Admit",
+    "CheckLoops",
     "Configure",
+    "ForgetLoops",
     "Forgive",
     "Gate",
     "KeyPage",
+    "Lease",
     "ListKeys",
+    "NoteLoop",
     "Op",
+    "OpenRun",
+    "ReadRun",
     "ReadState",
     "ReadStatus",
     "Record",
     "RecordBatch",
+    "Reserve",
     "Reset",
+    "ReturnLease",
+    "Settle",
     "StoredState",
     "Unset",
 ]
@@ -112,6 +124,37 @@ class Admit(Op[AdmitVerdict]):
     key: str
     cost: float
     amount: float
+    velocity: VelocityPolicy | None
+    bucket: BucketPolicy | None
+
+
+@dataclass(slots=True)
+class Lease(Op[LeaseVerdict]):
+    """Renew a process's lease of the key's bucket: give back its ``give_back`` unspent
+    tokens and record the velocity amounts of the calls it admitted (``pending``, in order),
+    then decide this call as ``Admit`` does and, if allowed, take up to ``want`` more tokens
+    for the new lease (``lease.grant``)."""
+
+    name: ClassVar[str] = "lease"
+    key: str
+    cost: float
+    amount: float
+    want: float
+    give_back: float
+    pending: tuple[float, ...]
+    velocity: VelocityPolicy | None
+    bucket: BucketPolicy | None
+
+
+@dataclass(slots=True)
+class ReturnLease(Op[VelocityVerdict | None]):
+    """Close a lease: give back its unspent tokens and record the velocity amounts of the
+    calls it admitted; the first trip among them, or None (``lease.settle``)."""
+
+    name: ClassVar[str] = "return_lease"
+    key: str
+    give_back: float
+    pending: tuple[float, ...]
     velocity: VelocityPolicy | None
     bucket: BucketPolicy | None
 
@@ -204,4 +247,94 @@ class ReadState(Op[StoredState]):
     read as ``ReadStatus``, for a view of more than the status: the window slot by slot)."""
 
     name: ClassVar[str] = "status"
+    key: str
+
+
+# -- the failure-loop breaker: an identity's recent calls, kept beside its state ----------------
+# ``key`` is the identity's storage key, as for the operations above; each store keeps the
+# calls apart from the identity's other state (``RedisStore``: ``<prefix>:loops:{<key>}``).
+
+
+@dataclass(slots=True)
+class CheckLoops(Op[LoopVerdict]):
+    """Before a call: is this call (``fingerprint``) refused as a loop? Counts it as a send,
+    which may make it a repeat loop (``loops.check``)."""
+
+    name: ClassVar[str] = "check_loops"
+    key: str
+    fingerprint: str
+    policy: LoopPolicy
+
+
+@dataclass(slots=True)
+class NoteLoop(Op[LoopVerdict]):
+    """After a call: count its failure (``status`` and ``error`` say what failed), or end its
+    failures; the failure that reaches the policy's count trips it (``loops.note``)."""
+
+    name: ClassVar[str] = "note_loop"
+    key: str
+    fingerprint: str
+    policy: LoopPolicy
+    failed: bool
+    status: int = 0
+    error: str = ""
+
+
+@dataclass(slots=True)
+class ForgetLoops(Op[int]):
+    """Forget one call of the identity (``fingerprint``), or every call (``""``): reopen what
+    the breaker refuses. The number of calls forgotten (``loops.forget``)."""
+
+    name: ClassVar[str] = "forget_loops"
+    key: str
+    fingerprint: str = ""
+
+
+# -- run budgets: one key per run, ``run:<keyed hash of the run id>`` (``_core/budget``) --------
+# ``ttl`` is the run's own: its state expires that many seconds after its last write.
+
+
+@dataclass(slots=True)
+class OpenRun(Op[RunVerdict]):
+    """Open the run with its limits (-1: none in that unit), or ``join`` it: keep the limits
+    it has, as a subagent in another process does (``budget.open_run``)."""
+
+    name: ClassVar[str] = "run_open"
+    key: str
+    token_limit: float
+    usd_limit: float
+    ttl: float
+    join: bool = False
+
+
+@dataclass(slots=True)
+class Reserve(Op[RunVerdict]):
+    """Hold a call's estimate before it is sent, or refuse it (``budget.reserve``)."""
+
+    name: ClassVar[str] = "run_reserve"
+    key: str
+    tokens: float
+    usd: float
+    ttl: float
+
+
+@dataclass(slots=True)
+class Settle(Op[RunVerdict]):
+    """Replace a reservation (``held_*``) by what the call spent; 0 and 0 release it
+    (``budget.settle``)."""
+
+    name: ClassVar[str] = "run_settle"
+    key: str
+    held_tokens: float
+    held_usd: float
+    tokens: float
+    usd: float
+    ttl: float
+
+
+@dataclass(slots=True)
+class ReadRun(Op[RunState | None]):
+    """The run's state, read without changing anything; None when there is no such run."""
+
+    name: ClassVar[str] = "run_read"
     key: str

@@ -41,7 +41,7 @@ from . import redis_listing
 from .open_keys import OpenKeys
 from .ops import Gate, ListKeys, Op
 from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable, script_shas
-from .redis_codec import CODECS, Args, key_of
+from .redis_codec import CODECS, Args
 from .redis_events import RedisEventLog
 
 __all__ = ["RedisStore"]
@@ -214,11 +214,13 @@ class RedisStore:
 
     def _pipeline(self, client: Any, ops: Sequence[Op[Any]]) -> tuple[list[str], Any]:
         """The operations' keys, and a pipeline (no transaction) of their EVALSHAs."""
-        keys = [key_of(self.prefix, op.key) for op in ops]
+        keys = [CODECS[type(op)].key(self.prefix, op.key) for op in ops]
         pipe = client.pipeline(transaction=False)
         shas = script_shas()
         for op, key in zip(ops, keys, strict=True):
-            pipe.evalsha(shas[op.name], 1, key, *self._args(op))
+            # execute_command, not evalsha(): redis-py's cluster pipelines refuse the method
+            # (not the command), and route EVALSHA by its key like any other.
+            pipe.execute_command("EVALSHA", shas[op.name], 1, key, *self._args(op))
         return keys, pipe
 
     def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:
@@ -226,7 +228,7 @@ class RedisStore:
 
     def _known(self, op: Op[R]) -> tuple[str, R | None]:
         """The operation's Redis key, and its result if the open-key view knows it (a gate)."""
-        key = key_of(self.prefix, op.key)
+        key = CODECS[type(op)].key(self.prefix, op.key)
         view = self.open_keys
         if view is not None and type(op) is Gate:
             known: Any = view.answer(key)  # a Gate's result is a VelocityVerdict

@@ -15,6 +15,18 @@ from typing import Any, Generic, TypeVar
 
 from .._core.admission import AdmitVerdict
 from .._core.bucket import BucketPolicy, BucketState, BucketVerdict
+from .._core.budget import RunState, RunVerdict
+from .._core.lease import LeaseVerdict
+from .._core.loops import (
+    ERROR_LENGTH,
+    FINGERPRINT_LENGTH,
+    LOOP_REASONS,
+    LoopCall,
+    LoopPolicy,
+    LoopState,
+    LoopVerdict,
+    clean_error,
+)
 from .._core.status import Status, status_of
 from .._core.velocity import (
     LONG_SLOTS,
@@ -28,15 +40,24 @@ from .._core.velocity import (
 from .._errors import ConfigurationError
 from .ops import (
     Admit,
+    CheckLoops,
     Configure,
+    ForgetLoops,
     Forgive,
     Gate,
+    Lease,
+    NoteLoop,
     Op,
+    OpenRun,
+    ReadRun,
     ReadState,
     ReadStatus,
     Record,
     RecordBatch,
+    Reserve,
     Reset,
+    ReturnLease,
+    Settle,
     StoredState,
     Unset,
 )
@@ -45,12 +66,18 @@ __all__ = [
     "BUCKET_BLOCK",
     "BUCKET_LAYOUT",
     "CODECS",
+    "LOOP_CALL",
+    "RUN_BLOCK",
+    "RUN_LAYOUT",
     "VELOCITY_BLOCK",
     "VELOCITY_LAYOUT",
     "VELOCITY_RINGS",
     "Codec",
     "bucket_state",
     "key_of",
+    "loop_state",
+    "loops_key_of",
+    "run_state",
     "states_of",
     "velocity_state",
 ]
@@ -87,6 +114,13 @@ VELOCITY_BLOCK = struct.Struct(
     "<" + "d" * (len(VELOCITY_LAYOUT) + sum(size for _, size in VELOCITY_RINGS) + 1)
 )
 BUCKET_BLOCK = struct.Struct("<" + "d" * (len(BUCKET_LAYOUT) + 2))
+# A run (``tokenfuse.run``) is one string of its own, ``<prefix>:{run:<keyed hash>}``: RUN_LAYOUT
+# as little-endian doubles, 72 bytes, written with the run's own TTL (lua/_budget.lua).
+RUN_LAYOUT = (
+    "token_limit", "usd_limit", "spent_tokens", "spent_usd", "reserved_tokens", "reserved_usd",
+    "expires", "near_alerted", "exceeded_alerted",
+)  # fmt: skip
+RUN_BLOCK = struct.Struct("<" + "d" * len(RUN_LAYOUT))
 _V_INTS = frozenset(
     {"head", "minute_head", "samples", "discard_through", "strikes", "trip_reason", "excused_slot"}
 )
@@ -99,6 +133,46 @@ def key_of(prefix: str, key: str) -> str:
         # '{}' is no hash tag at all: the slot would be the whole name's.
         raise ConfigurationError("store keys must not be empty")
     return f"{prefix}:{{{key}}}"
+
+
+def loops_key_of(prefix: str, key: str) -> str:
+    """The identity's failure-loop string, ``<prefix>:loops:{<key>}``: apart from its state
+    (no listing or state script ever reads it), in the same slot (the same hash tag)."""
+    return f"{prefix}:loops:{key_of('', key)[1:]}"
+
+
+# The failure-loop string (lua/_lib.lua, "The failure-loop breaker"): one record per call,
+# oldest first: the fingerprint (16 hex characters), the last error type (32 characters,
+# padded with spaces), then 9 doubles: last_seen, sends, sends_since, failures,
+# failures_since, open_until, status, strikes, last_trip. 120 bytes a call, at most max_calls
+# (16) of them; the
+# string expires an hour after its last call would be forgotten (at most the store's TTL).
+LOOP_CALL = struct.Struct(f"<{FINGERPRINT_LENGTH}s{ERROR_LENGTH}s9d")
+
+
+def loop_state(raw: bytes | None) -> LoopState:
+    """The core's loop state from an identity's failure-loop string (a raw ``GET``)."""
+    calls = []
+    for at in range(0, len(raw or b"") // LOOP_CALL.size * LOOP_CALL.size, LOOP_CALL.size):
+        mark, error, *numbers = LOOP_CALL.unpack_from(raw or b"", at)
+        (last_seen, sends, sends_since, failures, failures_since, open_until, status, strikes,
+         last_trip) = numbers  # fmt: skip
+        calls.append(
+            LoopCall(
+                mark.decode("ascii"),
+                last_seen,
+                sends,
+                sends_since,
+                failures,
+                failures_since,
+                open_until,
+                status,
+                error.decode("ascii").rstrip(" "),
+                strikes,
+                last_trip,
+            )
+        )
+    return LoopState(calls)
 
 
 def velocity_state(numbers: Sequence[float], limit_override: float = -1.0) -> VelocityState:
@@ -193,6 +267,41 @@ def _bucket_policy(policy: BucketPolicy | None) -> bytes:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _loop_policy(policy: LoopPolicy) -> bytes:
+    return struct.pack(
+        "<8d",
+        policy.failures,
+        policy.failure_window,
+        policy.cooldown,
+        policy.repeats,
+        policy.repeat_window,
+        1.0 if policy.refuse_repeats else 0.0,
+        policy.max_calls,
+        policy.cooldown_max,
+    )
+
+
+def _fingerprint(mark: str) -> str:
+    if len(mark) != FINGERPRINT_LENGTH or mark.strip("0123456789abcdef"):
+        raise ConfigurationError(f"a loop fingerprint is {FINGERPRINT_LENGTH} hex characters")
+    return mark
+
+
+def _check_loops_args(op: CheckLoops, now: str, ttl: str) -> Args:
+    return (now, ttl, _fingerprint(op.fingerprint), _loop_policy(op.policy))
+
+
+def _note_loop_args(op: NoteLoop, now: str, ttl: str) -> Args:
+    failed = "1" if op.failed else "0"
+    mark, policy = _fingerprint(op.fingerprint), _loop_policy(op.policy)
+    return (now, ttl, mark, policy, failed, _number(op.status), clean_error(op.error))
+
+
+def _forget_loops_args(op: ForgetLoops, now: str, ttl: str) -> Args:
+    return (ttl, _fingerprint(op.fingerprint) if op.fingerprint else "")
+
+
 def _override(value: float | None | Unset) -> str:
     if isinstance(value, Unset):
         return ""
@@ -219,12 +328,45 @@ def _admit_args(op: Admit, now: str, ttl: str) -> Args:
     return (now, ttl, _number(op.cost), _number(op.amount), velocity, bucket)
 
 
+def _lease_args(op: Lease, now: str, ttl: str) -> Args:
+    velocity, bucket = _velocity_policy(op.velocity), _bucket_policy(op.bucket)
+    numbers = (_number(op.cost), _number(op.amount), _number(op.want), _number(op.give_back))
+    return (now, ttl, *numbers, velocity, bucket, *map(_number, op.pending))
+
+
+def _return_lease_args(op: ReturnLease, now: str, ttl: str) -> Args:
+    velocity, bucket = _velocity_policy(op.velocity), _bucket_policy(op.bucket)
+    return (now, ttl, _number(op.give_back), velocity, bucket, *map(_number, op.pending))
+
+
 def _ttl_only(op: Reset | Forgive, now: str, ttl: str) -> Args:
     return (ttl,)
 
 
 def _configure_args(op: Configure, now: str, ttl: str) -> Args:
     return (now, ttl, _override(op.limit), _override(op.capacity), _override(op.rate))
+
+
+def _ttl_ms(ttl: float) -> str:
+    return str(max(1, round(ttl * 1000)))
+
+
+def _open_run_args(op: OpenRun, now: str, ttl: str) -> Args:
+    limits = (_number(op.token_limit), _number(op.usd_limit))
+    return (now, _ttl_ms(op.ttl), _number(op.ttl), *limits, "1" if op.join else "0")
+
+
+def _reserve_args(op: Reserve, now: str, ttl: str) -> Args:
+    return (now, _ttl_ms(op.ttl), _number(op.ttl), _number(op.tokens), _number(op.usd))
+
+
+def _settle_args(op: Settle, now: str, ttl: str) -> Args:
+    held = (_number(op.held_tokens), _number(op.held_usd))
+    return (now, _ttl_ms(op.ttl), _number(op.ttl), *held, _number(op.tokens), _number(op.usd))
+
+
+def _read_run_args(op: ReadRun, now: str, ttl: str) -> Args:
+    return (now,)
 
 
 # -- replies --------------------------------------------------------------------------------------
@@ -280,6 +422,22 @@ def _admit_verdict(op: Admit, reply: bytes | str) -> AdmitVerdict:
     )
 
 
+def _lease_verdict(op: Lease, reply: bytes | str) -> LeaseVerdict:
+    fields = reply.split()
+    verdict = AdmitVerdict(
+        allowed=int(fields[0]) == 1,
+        velocity=None if int(fields[1]) < 0 else _velocity_fields(fields[1:10]),
+        bucket=None if int(fields[10]) < 0 else _bucket_fields(fields[10:16]),
+    )
+    tripped = None if int(fields[17]) < 0 else _velocity_fields(fields[17:26])
+    return LeaseVerdict(verdict, float(fields[16]), tripped)
+
+
+def _first_trip(op: ReturnLease, reply: bytes | str) -> VelocityVerdict | None:
+    fields = reply.split()
+    return None if int(fields[0]) < 0 else _velocity_fields(fields)
+
+
 def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> StoredState:
     """``status.lua``'s reply: the key's raw state, as the core's state objects."""
     numbers = [float(text) for text in reply[1].split()]
@@ -295,12 +453,60 @@ def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
     return status_of(op.key, state.velocity, state.bucket, state.now, op.velocity, op.bucket)
 
 
+def _loop_verdict(op: CheckLoops | NoteLoop, reply: bytes | str) -> LoopVerdict:
+    allowed, reason, tripped, repeated, count, window, retry_after, failures, status, error = (
+        reply.split()
+    )
+    text = error.decode("ascii") if isinstance(error, bytes) else error
+    return LoopVerdict(
+        allowed=int(allowed) == 1,
+        reason=LOOP_REASONS.get(int(reason)),
+        tripped=int(tripped) == 1,
+        repeated=int(repeated) == 1,
+        count=float(count),
+        window=float(window),
+        retry_after=float(retry_after),
+        failures=float(failures),
+        status=float(status),
+        error="" if text == "-" else text,
+    )
+
+
+def _forgotten(op: ForgetLoops, reply: Any) -> int:
+    return int(reply)
+
+
+_RUN_UNITS = {0: None, 1: "tokens", 2: "usd"}
+
+
+def run_state(fields: Sequence[Any]) -> RunState:
+    """The core's run state from its nine numbers (``RUN_LAYOUT``)."""
+    return RunState(*(float(text) for text in fields))
+
+
+def _run_verdict(op: OpenRun | Reserve | Settle, reply: bytes | str) -> RunVerdict:
+    fields = reply.split()
+    return RunVerdict(
+        allowed=int(fields[0]) == 1,
+        unit=_RUN_UNITS[int(fields[1])],
+        near=int(fields[2]) == 1,
+        exceeded=int(fields[3]) == 1,
+        state=run_state(fields[4:]),
+    )
+
+
+def _run_read(op: ReadRun, reply: bytes | str) -> RunState | None:
+    fields = reply.split()
+    return run_state(fields) if fields else None
+
+
 def _nothing(op: Reset | Forgive | Configure, reply: object) -> None:
     return None
 
 
 # -- one codec per operation ----------------------------------------------------------------------
 
+Key = Callable[[str, str], str]
 OpT = TypeVar("OpT", bound=Op[Any])
 T = TypeVar("T")
 
@@ -314,6 +520,8 @@ class Codec(Generic[OpT, T]):
     in milliseconds, both as text."""
     result: Callable[[OpT, Any], T]
     """The operation's result from the script's reply."""
+    key: Key = key_of
+    """The Redis key the script works on, from the store's prefix and the operation's key."""
 
 
 #: Every operation ``RedisStore`` runs, with its codec; ``redis_scripts`` loads their scripts.
@@ -322,9 +530,18 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     Record: Codec(_record_args, _velocity_verdict),
     RecordBatch: Codec(_record_batch_args, _velocity_verdict),
     Admit: Codec(_admit_args, _admit_verdict),
+    Lease: Codec(_lease_args, _lease_verdict),
+    ReturnLease: Codec(_return_lease_args, _first_trip),
     ReadStatus: Codec(_now_only, _status),
     ReadState: Codec(_now_only, _key_state),
     Reset: Codec(_ttl_only, _nothing),
     Forgive: Codec(_ttl_only, _nothing),
     Configure: Codec(_configure_args, _nothing),
+    CheckLoops: Codec(_check_loops_args, _loop_verdict, loops_key_of),
+    NoteLoop: Codec(_note_loop_args, _loop_verdict, loops_key_of),
+    ForgetLoops: Codec(_forget_loops_args, _forgotten, loops_key_of),
+    OpenRun: Codec(_open_run_args, _run_verdict),
+    Reserve: Codec(_reserve_args, _run_verdict),
+    Settle: Codec(_settle_args, _run_verdict),
+    ReadRun: Codec(_read_run_args, _run_read),
 }

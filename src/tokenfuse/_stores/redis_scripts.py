@@ -1,4 +1,5 @@
-"""The Lua source of each operation: ``lua/_lib.lua`` (the policy core) before its body.
+"""The Lua source of each operation: the libraries (``lua/_lib.lua``, the policy core, then
+``lua/_budget.lua``, run budgets) before its body.
 
 Redis runs the whole chunk of a script on every EVALSHA, and each ``local function`` in it
 costs a closure then, more for every outer local it captures (an upvalue). So the loader
@@ -25,6 +26,9 @@ __all__ = ["SCRIPTS", "inline_constants", "script_sources", "shake"]
 #: One script per operation ``RedisStore`` runs, named after it (``ReadState`` and
 #: ``ReadStatus`` share ``status``: one read, two views of its reply).
 SCRIPTS = tuple(dict.fromkeys(op.name for op in CODECS))
+
+#: The libraries every script may use, in order (a later one may use an earlier one's).
+_LIBRARIES = ("_lib.lua", "_budget.lua")
 
 _DEFINITION = re.compile(r"local\s+(?:function\s+)?([\w\s,]+?)\s*(?:=|\(|--|$)")
 _NAME = re.compile(r"[A-Za-z_]\w*")
@@ -93,8 +97,9 @@ def inline_constants(lib: str, *bodies: str) -> list[str]:
 @functools.cache
 def script_sources() -> dict[str, str]:
     folder = resources.files(__package__) / "lua"
+    libraries = (_HEADER.sub("", (folder / name).read_text("utf-8")) for name in _LIBRARIES)
     lib, *bodies = inline_constants(
-        _HEADER.sub("", (folder / "_lib.lua").read_text("utf-8")),
+        "\n".join(libraries),
         *((folder / f"{name}.lua").read_text("utf-8") for name in SCRIPTS),
     )
     return {name: shake(lib, body) for name, body in zip(SCRIPTS, bodies, strict=True)}

@@ -22,16 +22,21 @@ They differ only where they do I/O: the inner transport and the store. Each refu
 from __future__ import annotations
 
 import threading
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Fuse, default_fuse
+from .._loops import FailureLoopPolicy
+from .._runs.ledger import Hold
 from .._usage import ExtractorRegistry
 from .._usage.request import ERROR_HEAD
+from .budget_step import BudgetStep
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
+from .loop_step import LoopStep
 from .meter import Meter, Metering
 from .recorder import Recorder
 from .refusal import Gatekeeper
@@ -96,6 +101,17 @@ def _serving_fuse(fuse: Fuse | None, *, sync: bool) -> Fuse:
 
 RecordMode = Literal["inline", "background"]
 
+#: ``failure_loops``' default: the breaker on, with its default policy.
+_DEFAULT_LOOPS = FailureLoopPolicy()
+
+
+def _loop_policy(policy: FailureLoopPolicy | None) -> FailureLoopPolicy | None:
+    if policy is not None and not isinstance(policy, FailureLoopPolicy):
+        raise ConfigurationError(
+            f"failure_loops must be a FailureLoopPolicy or None, not {type(policy).__name__}"
+        )
+    return policy
+
 
 def _recorder(fuse: Fuse, record: RecordMode) -> Recorder | None:
     if record == "background":
@@ -154,8 +170,12 @@ class FuseTransport(_SyncBase):
         shadow: decide, count and report, but never refuse: a call the gate would refuse is
             sent anyway and logged (at most a line a second), as the middleware's shadow mode
             does. Default: ``TOKENFUSE_SHADOW`` (off).
+        failure_loops: the failure-loop breaker's policy (``FailureLoopPolicy``): the same
+            call failing again and again, a conversation stuck on a failing tool call, the
+            same request sent again and again. On by default; ``None`` turns it off.
 
-    Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``); the
+    Refusals raise the fuse's typed errors (``LoopSuspected``, ``CeilingExceeded``,
+    ``FailureLoop``, and ``BudgetExceeded`` inside ``tokenfuse.run``: ``budget_step``); the
     report of each call is in ``response.extensions["tokenfuse"]`` (a ``FuseReport``).
     """
 
@@ -170,11 +190,14 @@ class FuseTransport(_SyncBase):
         inject_usage: bool = True,
         record: RecordMode = "inline",
         shadow: bool | None = None,
+        failure_loops: FailureLoopPolicy | None = _DEFAULT_LOOPS,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=True)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
+        self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -195,14 +218,24 @@ class FuseTransport(_SyncBase):
     def handle_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        gate = self.fuse.gate(identity)
+        # -- run budgets (budget_step): the gate and the reservations in one round trip;
+        # -- released if sending raises --------------------------------------------------
+        gate, hold = self._budget.gate_and_reserve(identity, request)
         self._gate.check(gate, request)
-        response, sent = self._send(flavor, request)
+        try:
+            watch = self._loops.before(identity, request)  # failure-loop breaker (loop_step)
+            response, sent = self._send(flavor, request)
+        except BaseException:
+            self._budget.settle(hold, None)
+            raise
+        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
-            response.stream = sync_stream_type(flavor)(response.stream, meter, self._settle)
+            response.stream = sync_stream_type(flavor)(response.stream, meter, settle)
         else:
-            self._settle(meter, True)
+            settle(meter, True)
+        self._loops.after(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
     def close(self) -> None:
@@ -246,8 +279,15 @@ class FuseTransport(_SyncBase):
                     made = self._made[flavor.name] = flavor.http_transport()
         return made
 
-    def _settle(self, meter: Meter, complete: bool) -> None:
+    def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
+        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
+        inline = None if amount is None or self._recorder else (meter.identity, amount)
+        recorded, decision = self._budget.settle(hold, meter.report.usage, inline)
+        if recorded:
+            meter.report.record = decision
+            return
+        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:
@@ -280,11 +320,14 @@ class AsyncFuseTransport(_AsyncBase):
         inject_usage: bool = True,
         record: RecordMode = "inline",
         shadow: bool | None = None,
+        failure_loops: FailureLoopPolicy | None = _DEFAULT_LOOPS,
     ) -> None:
         self.fuse = _serving_fuse(fuse, sync=False)
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
+        self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
+        self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
         self._recorder = _recorder(self.fuse, record)
         self._inner = inner
@@ -304,14 +347,24 @@ class AsyncFuseTransport(_AsyncBase):
     async def handle_async_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
-        gate = await self.fuse.agate(identity)
+        # -- run budgets (budget_step): the gate and the reservations in one round trip;
+        # -- released if sending raises --------------------------------------------------
+        gate, hold = await self._budget.agate_and_reserve(identity, request)
         self._gate.check(gate, request)
-        response, sent = await self._send(flavor, request)
+        try:
+            watch = await self._loops.abefore(identity, request)  # failure-loop breaker
+            response, sent = await self._send(flavor, request)
+        except BaseException:
+            await self._budget.asettle(hold, None)
+            raise
+        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        # -- end run budgets ------------------------------------------------------------------
         meter = self._metering.start(sent, response, identity, gate)
         if meter.streaming:
-            response.stream = async_stream_type(flavor)(response.stream, meter, self._settle)
+            response.stream = async_stream_type(flavor)(response.stream, meter, settle)
         else:
-            await self._settle(meter, True)
+            await settle(meter, True)
+        await self._loops.aafter(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
     async def aclose(self) -> None:
@@ -353,8 +406,15 @@ class AsyncFuseTransport(_AsyncBase):
             made = self._made[flavor.name] = flavor.async_http_transport()
         return made
 
-    async def _settle(self, meter: Meter, complete: bool) -> None:
+    async def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
         amount = meter.finish(complete=complete)
+        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
+        inline = None if amount is None or self._recorder else (meter.identity, amount)
+        recorded, decision = await self._budget.asettle(hold, meter.report.usage, inline)
+        if recorded:
+            meter.report.record = decision
+            return
+        # -- end run budgets ------------------------------------------------------------------
         if amount is None:
             return
         if self._recorder is not None:

@@ -4,19 +4,16 @@ An agent that calls the same tool with the same arguments and gets an error, aga
 is stuck, however cheap each call is: no rate or bucket sees it. The MCP middleware sees both
 halves — the call going in and the error coming out (an ``isError`` tool result, a JSON-RPC
 error, or an HTTP error status) — so it counts, per caller, the failures of each call
-fingerprint (tool + canonical arguments). ``errors`` failures within the 60 s window trip the
-breaker, and that call (same caller, tool and arguments) is refused, naming the tool, for
-``cooldown`` seconds (doubling for each repeat trip within the hour, up to ``cooldown_max``).
-A call with other arguments, or another tool, still goes through: that is progress, not a loop.
+fingerprint (tool + canonical arguments). ``errors`` failures within 60 s trip the breaker,
+and that call (same caller, tool and arguments) is refused, naming the tool, for ``cooldown``
+seconds (doubling for each repeat trip within the hour, up to ``cooldown_max``). A call with
+other arguments, or another tool, still goes through: that is progress, not a loop.
 
-**Built on the existing primitives**, so it runs on every store (memory, Redis, Redis
-Cluster), sync and async, and fails open with the fuse: a companion ``Fuse`` named
-``<fuse>.tool-failures`` whose velocity policy is a manual ceiling of ``errors - 1`` per
-minute, counting errors. ``record`` of one error is the counter; the latch a trip opens is
-the block; ``gate`` before a call is the check. Keys are hashed and folded into ``slots``
-per caller (``keys.py``) and expire with the store's TTL. A later, general failure-loop
-breaker can take over the counting without changing what MCP mode asks of it: ``check``
-before the call, ``failed`` after it.
+**The generic failure-loop breaker does the counting** (``tokenfuse._loops``, the rule in
+``_core/loops.py``): ``check`` before a call is its ``CheckLoops``, ``failed`` after an error
+its ``NoteLoop``, on the fuse's own store (memory, Redis, Redis Cluster), sync and async,
+failing open with the fuse. The call's fingerprint is keyed with the deployment secret; the
+caller's ``slots`` most recent failing calls are remembered, in one string beside its state.
 """
 
 from __future__ import annotations
@@ -24,18 +21,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..._core.velocity import WINDOW_SECONDS, VelocityPolicy
 from ..._errors import ConfigurationError, FuseTripped, StoreUnavailable
 from ..._fuse import Fuse
 from ..._identity import Identity
+from ..._loops import CallName, FailureLoopPolicy, LoopBreaker
 from .classify import Call
-from .keys import companion, failure_key
 
 __all__ = ["FailureLoopBreaker", "ToolFailureLoop", "ToolFailures"]
 
 logger = logging.getLogger("tokenfuse.middleware")
 
-_NEVER = 1e15  # a baseline no key reaches: the spike check never arms on error counts
+#: Seconds the failures of one call are counted over.
+WINDOW_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,27 +48,28 @@ class ToolFailures:
     cooldown: float = 60.0
     """Seconds the tripped call is refused; doubles per repeat trip within an hour."""
     cooldown_max: float = 3_600.0
-    slots: int = 256
-    """Failure counters kept per caller; distinct failing calls beyond this share them."""
+    slots: int = 16
+    """Failing calls remembered per caller (at most 1000); the least recently seen go first,
+    a refused one last."""
 
     def __post_init__(self) -> None:
         if isinstance(self.errors, bool) or not isinstance(self.errors, int) or self.errors < 2:
             raise ConfigurationError(
                 f"errors must be an integer of at least 2, not {self.errors!r}"
             )
-        if not (isinstance(self.slots, int) and 1 <= self.slots <= 65_536):
-            raise ConfigurationError(
-                f"slots must be an integer from 1 to 65536, not {self.slots!r}"
-            )
+        if not (isinstance(self.slots, int) and 1 <= self.slots <= 1_000):
+            raise ConfigurationError(f"slots must be an integer from 1 to 1000, not {self.slots!r}")
+        self.policy()  # the cooldowns are checked there
 
-    def velocity(self) -> VelocityPolicy:
-        return VelocityPolicy(
-            limit=self.errors - 1,
-            min_baseline=_NEVER,
-            cold_start_limit=None,
+    def policy(self) -> FailureLoopPolicy:
+        """The generic breaker's policy: repeats are never refused (an MCP client may call a
+        tool the same way often, and succeed)."""
+        return FailureLoopPolicy(
+            failures=self.errors,
+            window=WINDOW_SECONDS,
             cooldown=self.cooldown,
             cooldown_max=self.cooldown_max,
-            unit="errors",
+            max_calls=self.slots,
         )
 
 
@@ -106,29 +104,33 @@ class FailureLoopBreaker:
 
     def __init__(self, fuse: Fuse, policy: ToolFailures) -> None:
         self.policy = policy
-        self.fuse = companion(fuse, "tool-failures", policy.velocity())
+        self.loops = LoopBreaker(fuse, policy.policy())
 
-    def _key(self, caller: Identity, call: Call) -> Identity:
-        return failure_key(caller, call, self.policy.slots)
+    def _name(self, call: Call) -> CallName:
+        # The classifier's digest of method, tool and canonical arguments, keyed again with
+        # the deployment secret: no argument reaches the store.
+        return self.loops.name("MCP", "", f"{call.method} {call.name}", call.fingerprint.encode())
 
     async def check(self, caller: Identity, call: Call) -> ToolFailureLoop | None:
         """The refusal when this call's breaker is open; raises ``StoreUnavailable`` only
         when the fuse fails closed."""
-        decision = await self.fuse.agate(self._key(caller, call))
-        error = decision.error
-        if decision.allowed or error is None:
+        decision, verdict = await self.loops.acheck(
+            caller, self._name(call), tool=call.name, report=False
+        )
+        if decision.allowed or decision.error is None or verdict is None:
             return None
         return ToolFailureLoop(
             tool=call.name,
             key=caller.label,
-            rate=error.rate,
+            rate=verdict.count,
             limit=float(self.policy.errors),
-            retry_after=error.retry_after,
+            retry_after=max(verdict.retry_after, 0.0),
         )
 
     async def failed(self, caller: Identity, call: Call) -> None:
-        """Count one failure of ``call``; the one that reaches ``errors`` trips."""
+        """Count one failure of ``call``; the one that reaches ``errors`` trips (and reports a
+        ``failure_loop`` event)."""
         try:
-            await self.fuse.arecord(self._key(caller, call), 1.0)  # a trip emits its event
+            await self.loops.anote(caller, self._name(call), True)
         except StoreUnavailable:
             logger.warning("tokenfuse: store unavailable, a failure of %r not counted", call.name)

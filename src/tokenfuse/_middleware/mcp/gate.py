@@ -78,7 +78,8 @@ class McpGate:
                     refused = Decision(key=caller.label, allowed=False, error=loop)
                     return self._settle(plan, refused, request)
         cost = exchange.cost
-        decision = await plan.fuse.aadmit(caller, cost=cost, amount=cost, bucket=plan.bucket)
+        admitter = plan.leases or plan.fuse  # lease=True: from this process's lease
+        decision = await admitter.aadmit(caller, cost=cost, amount=cost, bucket=plan.bucket)
         admission = self._settle(plan, decision, request)
         if admission.refused is not None or decision.degraded or self.tools is None:
             return admission

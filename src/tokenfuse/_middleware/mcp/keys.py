@@ -1,19 +1,16 @@
 """The per-tool keys of MCP mode, and the fuses that judge them.
 
 Besides the caller's own key (its bucket and call velocity, weighted by cost), a charged
-call is judged under two more keys of the same store:
+call is judged under the **caller × tool** key: the velocity check per tool, so a caller
+looping on ``refund`` trips for ``refund`` against ``refund``'s own baseline, even when its
+busy ``lookup`` traffic hides the loop in the caller's total. Judged by a companion fuse named
+``<fuse>.tools`` with the inbound fuse's velocity policy and no bucket (the bucket stays per
+caller). (The failing calls of the failure-loop breaker are kept with the caller's own key:
+``failures.py``.)
 
-* **caller × tool** — the velocity check per tool: a caller looping on ``refund`` trips for
-  ``refund`` against ``refund``'s own baseline, even when its busy ``lookup`` traffic hides
-  the loop in the caller's total. Judged by a companion fuse named ``<fuse>.tools`` with the
-  inbound fuse's velocity policy and no bucket (the bucket stays per caller).
-* **caller × failing call** — the failure-loop breaker (``failures.py``). The fingerprint of
-  tool and arguments is folded into one of ``slots`` keys per caller, so a caller cannot grow
-  the store without bound by varying arguments; every key expires with the store's TTL.
-
-Keys are identities derived from the caller's (``Identity.derived``: hashed from its digest,
-the tool name, the fingerprint's slot), keyed by the fuse's secret as every identity is: no
-tool name or argument reaches the store. Labels, for messages, name the caller and the tool.
+Keys are identities derived from the caller's (``Identity.derived``: hashed from its digest
+and the tool name), keyed by the fuse's secret as every identity is: no tool name or argument
+reaches the store. Labels, for messages, name the caller and the tool.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from ..._fuse import Fuse
 from ..._identity import Identity
 from .classify import Call
 
-__all__ = ["companion", "failure_key", "tool_key"]
+__all__ = ["companion", "tool_key"]
 
 _LABEL_NAME = 48
 
@@ -37,12 +34,6 @@ def _label(caller: Identity, call: Call) -> str:
 def tool_key(caller: Identity, call: Call) -> Identity:
     """The caller × tool identity of the per-tool velocity check."""
     return caller.derived("tool", call.method, call.name, label=_label(caller, call))
-
-
-def failure_key(caller: Identity, call: Call, slots: int) -> Identity:
-    """The caller × failing-call identity: one of ``slots`` per caller."""
-    slot = int(call.fingerprint[:8], 16) % slots
-    return caller.derived("failures", str(slot), label=_label(caller, call))
 
 
 def companion(fuse: Fuse, suffix: str, velocity: VelocityPolicy) -> Fuse:

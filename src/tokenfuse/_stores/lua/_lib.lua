@@ -638,6 +638,25 @@ local function consume(b, cost, now, p)
   return 1, string.format('1 %.17g %.17g %.17g 0 %d', b.tokens, capacity, rate, near_limit)
 end
 
+-- Leases (bucket.take_more, bucket.give_back): tokens taken ahead of the calls that spend them.
+local function take_more(b, want, now, p)
+  local taken = math.min(want, b.tokens)
+  if taken <= 0.0 then return 0.0 end
+  b.tokens = math.max(b.tokens - taken, 0.0)
+  b.use_amount = b.use_amount + taken
+  return taken
+end
+
+local function give_back(b, tokens, now, p)
+  local capacity, rate = limits_of(b, p)
+  local current = level(b, now, capacity, rate)
+  b.updated = math.max(now, b.updated)
+  b.tokens = math.min(capacity, current + tokens)
+  if b.use_minute == math.floor(now / MINUTE) then
+    b.use_amount = math.max(b.use_amount - tokens, 0.0)
+  end
+end
+
 -- ---------------------------------------------------------------------------------------------
 -- Admission (admission.py): latch, then bucket, then velocity.
 -- Returns allowed (0/1) and the two verdicts' text, nil where the Python verdict is None.
@@ -659,6 +678,20 @@ local function admit(v, b, cost, amount, now, vp, bp)
     return ok, latch, taken
   end
   return 1, latch, taken
+end
+
+-- lease.settle: give back a lease's unspent tokens, then record the amounts of the calls it
+-- admitted (ARGV[first..], in order). Returns the first trip's verdict text, or nil.
+local function settle(v, b, give, first, now, vp, bp)
+  if bp ~= nil and b ~= nil and give > 0.0 then give_back(b, give, now, bp) end
+  local tripped = nil
+  if vp ~= nil and v ~= nil then
+    for i = first, #ARGV do
+      local _, text = record(v, tonumber(ARGV[i]), now, vp)
+      if tripped == nil and string.sub(text, 1, 3) == '0 1' then tripped = text end
+    end
+  end
+  return tripped
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -693,6 +726,189 @@ local function announce_trip(key, v, before, now)
   local ttl = math.max(math.ceil((v.open_until - now) * 1000), 1)
   redis.call('SET', prefix .. ':open:' .. tagged, state, 'PX', ttl)
   redis.call('PUBLISH', prefix .. ':open-keys', 'o ' .. state .. ' ' .. key)
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- The failure-loop breaker (loops.py): an identity's recent calls, one string of its own,
+-- <prefix>:loops:{<key>} (same hash tag as the identity, so the same slot), of LOOP_SIZE bytes
+-- a call, oldest first: the fingerprint (16 hex characters), the last error (32 characters,
+-- padded with spaces), then LOOP_FORMAT's doubles: last_seen, sends, sends_since, failures,
+-- failures_since, open_until, status, strikes, last_trip. No calls: no key.
+
+local LOOP_FORMAT = '<ddddddddd' -- 9: one call's numbers
+local LOOP_PRINT = 16 -- characters of a fingerprint
+local LOOP_ERROR = 32 -- characters of an error type
+local LOOP_SIZE = 120 -- bytes of one call
+local LP_FORMAT = '<dddddddd' -- 8: loop policy
+local ESCALATION_WINDOW = 3600.0 -- loops.ESCALATION_WINDOW
+local MAX_STRIKES = 32.0
+local LOOP_GRACE = 3600000 -- ms a loop string outlives its last call (clocks, simulations)
+local FAILURE_LOOP = 1 -- refusal reasons: loops.LOOP_REASONS
+local REPEAT_LOOP = 2
+
+local function loop_params(arg)
+  local failures, failure_window, cooldown, repeats, repeat_window, refuse, max_calls,
+    cooldown_max = unpack_doubles(LP_FORMAT, arg)
+  return {failures = failures, failure_window = failure_window, cooldown = cooldown,
+    repeats = repeats, repeat_window = repeat_window, refuse_repeats = refuse == 1,
+    max_calls = max_calls, cooldown_max = cooldown_max,
+    keep = math.max(failure_window, repeat_window)}
+end
+
+local function load_loops(key)
+  local s = redis.call('GET', key)
+  local calls = {}
+  if not s then return calls end
+  if #s % LOOP_SIZE ~= 0 then error('tokenfuse: ' .. key .. ' holds no tokenfuse loop state') end
+  for at = 1, #s, LOOP_SIZE do
+    local last_seen, sends, sends_since, failures, failures_since, open_until, status, strikes,
+      last_trip = unpack_doubles(LOOP_FORMAT, s, at + LOOP_PRINT + LOOP_ERROR)
+    calls[#calls + 1] = {
+      fingerprint = string.sub(s, at, at + LOOP_PRINT - 1),
+      error = (string.gsub(string.sub(s, at + LOOP_PRINT, at + LOOP_PRINT + LOOP_ERROR - 1),
+        ' +$', '')),
+      last_seen = last_seen, sends = sends, sends_since = sends_since, failures = failures,
+      failures_since = failures_since, open_until = open_until, status = status,
+      strikes = strikes, last_trip = last_trip,
+    }
+  end
+  return calls
+end
+
+-- Write the calls (none: DEL). The string lives until its last call would be forgotten (p.keep
+-- after it was last seen, or the end of its refusal) plus LOOP_GRACE ms, at most ttl ms: a
+-- caller seen once costs its bytes for minutes, not for the identity's days. (Without p, as
+-- for forget, the ttl.)
+local function save_loops(key, ttl, calls, now, p)
+  if #calls == 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local parts = {}
+  local last = now
+  for i, c in ipairs(calls) do
+    parts[i] = c.fingerprint .. c.error .. string.rep(' ', LOOP_ERROR - #c.error)
+      .. pack(LOOP_FORMAT, c.last_seen, c.sends, c.sends_since, c.failures, c.failures_since,
+        c.open_until, c.status, c.strikes, c.last_trip)
+    if p then
+      last = math.max(last, c.last_seen + p.keep, c.open_until, c.last_trip + ESCALATION_WINDOW)
+    end
+  end
+  local px = tonumber(ttl)
+  if p then px = math.min(px, math.ceil((last - now) * 1000) + LOOP_GRACE) end
+  redis.call('SET', key, table.concat(parts), 'PX', math.max(px, 1))
+end
+
+local function prune_loops(calls, now, p)
+  local kept = {}
+  for _, c in ipairs(calls) do
+    if now - c.last_seen <= p.keep or c.open_until > now
+      or (c.last_trip > 0 and now - c.last_trip <= ESCALATION_WINDOW) then
+      kept[#kept + 1] = c
+    end
+  end
+  return kept
+end
+
+local function evict_loop(calls, now)
+  local victim = -1
+  for at, c in ipairs(calls) do
+    if c.open_until <= now and (victim < 0 or c.last_seen < calls[victim].last_seen) then
+      victim = at
+    end
+  end
+  if victim < 0 then
+    victim = 1
+    for at, c in ipairs(calls) do
+      if c.last_seen < calls[victim].last_seen then victim = at end
+    end
+  end
+  table.remove(calls, victim)
+end
+
+local function loop_call(calls, fingerprint, now, p)
+  for _, c in ipairs(calls) do
+    if c.fingerprint == fingerprint then return c end
+  end
+  while #calls >= p.max_calls do evict_loop(calls, now) end
+  local c = {fingerprint = fingerprint, error = '', last_seen = now, sends = 0.0,
+    sends_since = 0.0, failures = 0.0, failures_since = 0.0, open_until = 0.0, status = 0.0,
+    strikes = 0.0, last_trip = 0.0}
+  calls[#calls + 1] = c
+  return c
+end
+
+local function cooled(c, now)
+  if 0 < c.open_until and c.open_until <= now then
+    c.open_until = 0.0
+    c.failures = 0.0
+    c.failures_since = 0.0
+  end
+end
+
+-- 'allowed reason tripped repeated count window retry_after failures status error' (the
+-- error '-' when none): a LoopVerdict.
+local function loop_verdict(allowed, reason, tripped, repeated, count, window, retry_after,
+    failures, status, err)
+  if err == '' then err = '-' end
+  return string.format('%d %d %d %d %.17g %.17g %.17g %.17g %.17g %s', allowed, reason,
+    tripped, repeated, count, window, retry_after, failures, status, err)
+end
+
+local function loop_refused(c, now, p, allowed, tripped)
+  return loop_verdict(allowed, FAILURE_LOOP, tripped, 0, c.failures, p.failure_window,
+    c.open_until - now, c.failures, c.status, c.error)
+end
+
+local function check_loop(calls, fingerprint, now, p)
+  local c = loop_call(calls, fingerprint, now, p)
+  c.last_seen = now
+  cooled(c, now)
+  if c.open_until > now then return loop_refused(c, now, p, 0, 0) end
+  if c.sends <= 0 or now - c.sends_since > p.repeat_window then
+    c.sends = 0.0
+    c.sends_since = now
+  end
+  if c.sends + 1 >= p.repeats and p.refuse_repeats then
+    return loop_verdict(0, REPEAT_LOOP, 0, 0, c.sends + 1, p.repeat_window,
+      c.sends_since + p.repeat_window - now, c.failures, c.status, c.error)
+  end
+  c.sends = c.sends + 1
+  local repeated = 0
+  if c.sends == p.repeats then repeated = 1 end
+  return loop_verdict(1, 0, 0, repeated, c.sends, p.repeat_window, 0.0, c.failures, c.status,
+    c.error)
+end
+
+local function note_loop(calls, fingerprint, failed, status, err, now, p)
+  local c = loop_call(calls, fingerprint, now, p)
+  c.last_seen = now
+  cooled(c, now)
+  if not failed then
+    if c.open_until <= 0 then
+      c.failures = 0.0
+      c.failures_since = 0.0
+    end
+    return loop_verdict(1, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, '')
+  end
+  if c.failures <= 0 or now - c.failures_since > p.failure_window then
+    c.failures = 0.0
+    c.failures_since = now
+  end
+  c.failures = c.failures + 1
+  c.status = status
+  c.error = err
+  if c.failures >= p.failures and c.open_until <= 0 then
+    if c.last_trip > 0 and now - c.last_trip <= ESCALATION_WINDOW then
+      c.strikes = math.min(c.strikes + 1, MAX_STRIKES)
+    else
+      c.strikes = 0.0
+    end
+    c.last_trip = now
+    c.open_until = now + math.min(p.cooldown * 2 ^ c.strikes, p.cooldown_max)
+    return loop_refused(c, now, p, 1, 1)
+  end
+  return loop_verdict(1, 0, 0, 0, c.failures, p.failure_window, 0.0, c.failures, status, err)
 end
 
 -- ---------------------------------------------------------------------------------------------

@@ -1,0 +1,400 @@
+"""The failure-loop breaker as both integrations use it: a policy, and two steps on a fuse.
+
+``LoopBreaker.check`` before a call (is this call refused as a loop? it counts a send) and
+``note`` after it (a failure, or the end of the failures) are each one store operation
+(``CheckLoops``, ``NoteLoop``), run through the fuse like its own steps: the identity is the
+fuse's storage key, a store that fails is failed open (or closed) and counted by the fuse, the
+decision is counted by the metrics, and the verdicts become ``FailureLoop`` refusals and
+``failure_loop`` / ``repeat_loop`` events. The operations are values, so a caller that runs
+other steps before the same call can send them together (``store.run_many``).
+
+The rule and the fingerprint are the core's (``_core/loops.py``); the user's guide is
+docs/guards.md#failure-loop-breaker.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._core.loops import LoopPolicy, LoopVerdict, fingerprint
+from ._errors import ConfigurationError, FailureLoop
+from ._events import FuseEvent
+from ._fuse import Decision, Fuse, default_fuse
+from ._identity import Identity
+from ._observe import WATCHERS, decided
+from ._stores.ops import CheckLoops, ForgetLoops, NoteLoop
+
+__all__ = ["CallName", "FailureLoopPolicy", "LoopBreaker", "aforget_loops", "forget_loops"]
+
+OnRepeat = Literal["event", "refuse"]
+
+
+@dataclass(frozen=True, slots=True)
+class FailureLoopPolicy:
+    """When the same call is a loop. ``FuseTransport(failure_loops=None)`` turns it off.
+
+    >>> FailureLoopPolicy(failures=5, window=300).failures
+    5
+
+    Args:
+        failures: failures of the same call (same method, path and normalised body) within
+            ``window`` seconds that trip it.
+        window: seconds the failures are counted over, from the first.
+        cooldown: seconds a tripped call is refused (default: ``window``); afterwards its
+            count starts again from nothing. A trip within an hour of the same call's previous
+            one doubles it, up to ``cooldown_max`` (default: an hour, or ``cooldown`` if
+            longer).
+        repeats: sends of the same call within ``repeat_window`` seconds that make a repeat
+            loop, failing or not.
+        repeat_window: seconds the sends are counted over, from the first.
+        on_repeat: ``"event"`` reports a repeat loop (a ``repeat_loop`` event, the call goes
+            on); ``"refuse"`` refuses the call that makes it, and every same call until the
+            window has passed.
+        tool_failures: (outbound) a request whose conversation shows the model asking for the
+            same tool call with the same arguments this many times in a row, each answered
+            with an error, is refused (``tool_loop``).
+        tool_alternations: likewise for two failing tool calls taking turns (A, B, A, B is 2).
+        max_calls: calls remembered per identity (the least recently seen go first).
+    """
+
+    failures: int = 3
+    window: float = 120.0
+    cooldown: float | None = None
+    cooldown_max: float | None = None
+    repeats: int = 5
+    repeat_window: float = 60.0
+    on_repeat: OnRepeat = "event"
+    tool_failures: int = 3
+    tool_alternations: int = 2
+    max_calls: int = 16
+    core: LoopPolicy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.on_repeat not in ("event", "refuse"):
+            raise ConfigurationError(
+                f'on_repeat must be "event" or "refuse", not {self.on_repeat!r}'
+            )
+        for name, least in (("tool_failures", 2), ("tool_alternations", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 1000:
+                raise ConfigurationError(
+                    f"{name} must be an integer from {least} to 1000, not {value!r}"
+                )
+        cooldown = self.window if self.cooldown is None else self.cooldown
+        try:
+            core = LoopPolicy(
+                failures=self.failures,
+                failure_window=self.window,
+                cooldown=cooldown,
+                cooldown_max=_cooldown_max(self.cooldown_max, cooldown),
+                repeats=self.repeats,
+                repeat_window=self.repeat_window,
+                refuse_repeats=self.on_repeat == "refuse",
+                max_calls=self.max_calls,
+            )
+        except ConfigurationError as exc:  # named as this policy names it
+            raise ConfigurationError(str(exc).replace("failure_window", "window")) from None
+        object.__setattr__(self, "core", core)
+
+
+def _cooldown_max(given: float | None, cooldown: float) -> float:
+    if given is not None:
+        return given
+    if isinstance(cooldown, (int, float)) and not isinstance(cooldown, bool):
+        return max(3_600.0, float(cooldown))
+    return 3_600.0  # a bad cooldown: LoopPolicy names it
+
+
+@dataclass(frozen=True, slots=True)
+class CallName:
+    """What a call is to the breaker: its fingerprint, and how messages name it."""
+
+    fingerprint: str
+    method: str
+    path: str
+
+    @staticmethod
+    def of(
+        secret: bytes,
+        method: str,
+        host: str,
+        path: str,
+        body: bytes | None,
+        parsed: tuple[bool, Any] | None = None,
+        shown: str | None = None,
+    ) -> CallName:
+        """``shown``: the path as messages show it, when ``path`` holds more (a query)."""
+        mark = fingerprint(secret, method, host, path, body, parsed)
+        return CallName(mark, method.upper(), _shown_path(path if shown is None else shown))
+
+    @property
+    def label(self) -> str:
+        """``POST /v1/chat/completions #3f9a0c12``: never the body, only its hash's start."""
+        return f"{self.method} {self.path} #{self.fingerprint[:8]}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _shown_path(path: str) -> str:
+    # A path is the application's, but it may carry an id; keep it short and printable.
+    shown = "".join(ch if ch.isprintable() else "?" for ch in path[:120])
+    return shown or "/"
+
+
+class _Judge:
+    """Turns one verdict into a decision (and events), keeping the verdict for the caller."""
+
+    __slots__ = ("breaker", "call", "report", "tool", "verdict")
+
+    def __init__(
+        self, breaker: LoopBreaker, call: CallName, tool: str | None, report: bool = True
+    ) -> None:
+        self.breaker = breaker
+        self.call = call
+        self.tool = tool
+        self.report = report  # report repeats (inbound does not: see _middleware/loops.py)
+        self.verdict: LoopVerdict | None = None
+
+    def __call__(self, identity: Identity, verdict: LoopVerdict) -> Decision:
+        self.verdict = verdict
+        breaker = self.breaker
+        fuse = breaker.fuse
+        key_id = fuse.key_id(identity)
+        error = None
+        if not verdict.allowed or verdict.tripped or verdict.repeated:
+            error = breaker.refusal(identity, self.call, verdict, self.tool)
+        if verdict.tripped and error is not None:
+            breaker.emit("failure_loop", identity, key_id, error)
+        elif verdict.repeated and error is not None and self.report:
+            breaker.emit("repeat_loop", identity, key_id, error)
+        elif (
+            not verdict.allowed
+            and verdict.reason == "repeat_loop"
+            and verdict.count == breaker.policy.repeats
+            and error is not None
+            and self.report
+        ):
+            breaker.emit("repeat_loop", identity, key_id, error)  # the first refusal only
+        # A trip refuses, as a velocity record's does: the call went through, the next won't.
+        refused = not verdict.allowed or verdict.tripped
+        return Decision(
+            key=identity.label,
+            key_id=key_id,
+            allowed=not refused,
+            error=error if refused else None,
+            tripped=verdict.tripped,
+            rate=verdict.count,
+            limit=float(breaker.limit_of(verdict.reason)),
+        )
+
+
+class LoopBreaker:
+    """The breaker's steps for one fuse and policy (the transport's and the middleware's)."""
+
+    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy) -> None:
+        self.fuse = fuse
+        self.policy = policy
+        self.core = policy.core
+        # Tool-call loops are refused on every request that shows them, with no store to say
+        # "reported already": one event per call a minute, in this process (bounded).
+        self._tool_events = _OncePer(_TOOL_EVENT_EVERY, _TOOL_EVENT_KEYS)
+
+    def name(
+        self,
+        method: str,
+        host: str,
+        path: str,
+        body: bytes | None,
+        parsed: tuple[bool, Any] | None = None,
+        shown: str | None = None,
+    ) -> CallName:
+        """The call's fingerprint under the fuse's secret, and its printable name (``shown``:
+        the path to show, when ``path`` holds a query, which may carry a credential)."""
+        return CallName.of(self.fuse._secret, method, host, path, body, parsed, shown)
+
+    # -- the operations: values, for a caller that runs them with others -------------------
+
+    def check_op(self, identity: Identity, call: CallName) -> CheckLoops:
+        return CheckLoops(self.fuse._key(identity), call.fingerprint, self.core)
+
+    def note_op(
+        self, identity: Identity, call: CallName, failed: bool, status: int, error: str
+    ) -> NoteLoop:
+        key = self.fuse._key(identity)
+        return NoteLoop(key, call.fingerprint, self.core, failed, status, error)
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    def check(
+        self, identity: Identity, call: CallName, tool: str | None = None, report: bool = True
+    ) -> tuple[Decision, LoopVerdict | None]:
+        """Before the call: the decision (refused: ``error`` is a ``FailureLoop``), and the
+        verdict (None when the store was not asked: failed open). ``report=False``: no
+        ``repeat_loop`` event for this call (one clients poll)."""
+        judge = _Judge(self, call, tool, report)
+        decision = self.fuse._decide(identity, self.check_op(identity, call), judge)
+        return decision, judge.verdict
+
+    async def acheck(
+        self, identity: Identity, call: CallName, tool: str | None = None, report: bool = True
+    ) -> tuple[Decision, LoopVerdict | None]:
+        judge = _Judge(self, call, tool, report)
+        decision = await self.fuse._adecide(identity, self.check_op(identity, call), judge)
+        return decision, judge.verdict
+
+    def note(
+        self, identity: Identity, call: CallName, failed: bool, status: int = 0, error: str = ""
+    ) -> Decision:
+        """After the call: count its failure, or end its failures. Never raises unless the
+        fuse fails closed (and then only ``StoreUnavailable``)."""
+        op = self.note_op(identity, call, failed, status, error)
+        return self.fuse._decide(identity, op, _Judge(self, call, None))
+
+    async def anote(
+        self, identity: Identity, call: CallName, failed: bool, status: int = 0, error: str = ""
+    ) -> Decision:
+        op = self.note_op(identity, call, failed, status, error)
+        return await self.fuse._adecide(identity, op, _Judge(self, call, None))
+
+    # -- refusals and events -------------------------------------------------------------------
+
+    def limit_of(self, reason: str | None) -> int:
+        return self.policy.repeats if reason == "repeat_loop" else self.policy.failures
+
+    def refusal(
+        self, identity: Identity, call: CallName, verdict: LoopVerdict, tool: str | None
+    ) -> FailureLoop:
+        reason = verdict.reason or ("repeat_loop" if verdict.repeated else "failure_loop")
+        return FailureLoop(
+            key=identity.label,
+            key_id=self.fuse.key_id(identity),
+            call=call.label,
+            fingerprint=call.fingerprint,
+            tool=tool,
+            count=verdict.count,
+            limit=float(self.limit_of(reason)),
+            window=verdict.window,
+            retry_after=max(verdict.retry_after, 0.0),
+            status=int(verdict.status) or None,
+            error=verdict.error or None,
+            reason=reason,
+            store_key=self.fuse._key(identity),
+        )
+
+    def tool_refusal(
+        self, identity: Identity, call: CallName, tool: str, count: int, error: str
+    ) -> Decision:
+        """A refusal found in the request itself (``tool_history``): no store was asked. It is
+        reported and counted like the store's refusals."""
+        error_ = FailureLoop(
+            key=identity.label,
+            key_id=self.fuse.key_id(identity),
+            call=call.label,
+            fingerprint=call.fingerprint,
+            tool=tool,
+            count=float(count),
+            limit=float(self.policy.tool_failures),
+            window=0.0,
+            retry_after=0.0,
+            error=error or None,
+            reason="tool_loop",
+        )
+        key_id = self.fuse.key_id(identity)
+        if self._tool_events.take(f"{key_id}:{call.fingerprint}"):
+            self.emit("failure_loop", identity, key_id, error_)
+        decision = Decision(
+            key=identity.label,
+            key_id=key_id,
+            allowed=False,
+            error=error_,
+            rate=float(count),
+            limit=float(self.policy.tool_failures),
+        )
+        watchers = WATCHERS.decisions
+        if watchers:
+            decided(watchers, self.fuse, self.check_op(identity, call), decision, 0.0)
+        return decision
+
+    def emit(self, kind: Literal["failure_loop", "repeat_loop"], identity: Identity,
+             key_id: str, error: FailureLoop) -> None:  # fmt: skip
+        event = FuseEvent(
+            kind, identity.label, str(error), error, key_id=key_id, fuse=self.fuse.name
+        )
+        self.fuse.hooks.emit(event, logging.WARNING)
+
+
+def _forget_op(who: str | Identity | FailureLoop, fuse: Fuse) -> tuple[ForgetLoops, str, str]:
+    """The operation forgetting ``who``'s calls (or the one call a refusal names), with the
+    label and key id its event names."""
+    if isinstance(who, FailureLoop):
+        if not who.store_key:
+            raise ConfigurationError("this FailureLoop names no stored call (a tool_loop)")
+        return ForgetLoops(who.store_key, who.fingerprint), who.key, who.key_id or "?"
+    identity = Identity.of(who)
+    return ForgetLoops(fuse._key(identity)), identity.label, fuse.key_id(identity)
+
+
+#: A tool-call loop of one call is reported at most once a minute (per process).
+_TOOL_EVENT_EVERY = 60.0
+_TOOL_EVENT_KEYS = 1_024
+
+
+class _OncePer:
+    """At most one ``take`` a period per name, for at most ``names`` names (the oldest go)."""
+
+    def __init__(self, period: float, names: int) -> None:
+        self.period = period
+        self.names = names
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, name: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(name)
+            if last is not None and now - last < self.period:
+                return False
+            self._last[name] = now
+            self._last.move_to_end(name)
+            while len(self._last) > self.names:
+                self._last.popitem(last=False)
+            return True
+
+
+def forget_loops(who: str | Identity | FailureLoop, *, fuse: Fuse | None = None) -> int:
+    """Let calls through the failure-loop breaker again, now, for every process sharing the
+    store: every recent call of ``who`` (a name, an ``Identity``), or the one call a
+    ``FailureLoop`` refused. Returns how many calls were forgotten. ``fuse`` is the one the
+    transport or middleware counts in (default: ``default_fuse()``).
+
+    >>> try:                                                     # doctest: +SKIP
+    ...     client.chat.completions.create(...)
+    ... except tokenfuse.FailureLoop as loop:
+    ...     fix_the_cause(loop)
+    ...     tokenfuse.forget_loops(loop)
+    1
+    """
+    fuse = fuse if fuse is not None else default_fuse()
+    op, label, key_id = _forget_op(who, fuse)
+    forgotten: int = fuse._sync().run(op)
+    _forgotten(fuse, label, key_id, forgotten)
+    return forgotten
+
+
+async def aforget_loops(who: str | Identity | FailureLoop, *, fuse: Fuse | None = None) -> int:
+    """``forget_loops`` for asyncio code."""
+    fuse = fuse if fuse is not None else default_fuse()
+    op, label, key_id = _forget_op(who, fuse)
+    forgotten: int = await fuse._async().arun(op)
+    _forgotten(fuse, label, key_id, forgotten)
+    return forgotten
+
+
+def _forgotten(fuse: Fuse, label: str, key_id: str, count: int) -> None:
+    detail = f"key {label} [id {key_id}]: {count} call(s) forgotten by the loop breaker"
+    fuse.hooks.emit(FuseEvent("reset", label, detail, key_id=key_id, fuse=fuse.name))

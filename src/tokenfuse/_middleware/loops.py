@@ -1,0 +1,225 @@
+"""Inbound: the failure-loop breaker in front of tool endpoints.
+
+The middleware sees a tool call directly: who calls, which route, with which arguments, and
+what came back. The same caller calling the same route (method, path) with the same
+normalised arguments (the query, its parameters sorted, and the JSON body, normalised as the
+outbound fingerprint does: ``_core/loops.py``) and getting an error **3 times within 2
+minutes** (``FailureLoopPolicy``) is refused for the cooldown: a 429 whose JSON says
+``"type": "failure_loop"``, which call (``"call": "POST /tools/refund #3f9a0c12"``) and how
+many times (``"count": 3``), in the same shape as every other refusal (``reply.refused``).
+
+**An error** is a response status of 400 or more, except 429 (a rate limit, the app's or
+tokenfuse's own, is back-pressure, not a mistake of the caller): a 400/422 for bad arguments,
+a 404 for a missing object, a 500 for a tool that crashes are what a stuck agent repeats; an
+app that raises counts as a 500.
+
+**Repeats** (the same call again and again, failing or not) are refused with
+``on_repeat="refuse"``, and otherwise not reported: a tool endpoint sees the same call from
+the same caller all the time (a poll, a retry, a bodiless ``POST``), so inbound only a
+failure makes a loop unless told otherwise.
+
+The body is read before the app runs, up to ``BODY_LIMIT`` bytes, and handed on untouched
+(``mcp.body``: the same messages, then the rest from the server); a larger body is
+fingerprinted by its first ``BODY_LIMIT`` bytes. Each guarded request costs one more store
+operation before the app (``CheckLoops``) and one after it only for an error (or for a
+success that ends earlier errors). A store that fails is failed open by the fuse, counted
+and logged, as every decision is.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from .._core.loops import LoopVerdict
+from .._errors import StoreUnavailable
+from .._fuse import Decision, Fuse
+from .._identity import Identity
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker
+from .mcp.body import Receive, read_body
+from .request import RequestView
+
+__all__ = ["BODY_LIMIT", "InboundLoops", "LoopCall", "is_failure", "read_wsgi_body"]
+
+logger = logging.getLogger("tokenfuse.middleware")
+
+#: How much of a request body is read to fingerprint it.
+BODY_LIMIT = 1 << 20
+
+
+def is_failure(status: int) -> bool:
+    """Whether a response status is an error of the call (429 is not: back-pressure)."""
+    return status >= 400 and status != 429
+
+
+def _query(raw: Any) -> str:
+    """The query string with its parameters sorted: the same arguments in any order."""
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw or "")
+    if not text:
+        return ""
+    return "?" + urlencode(sorted(parse_qsl(text, keep_blank_values=True)))
+
+
+class LoopCall:
+    """One guarded request under watch: who, which call, and what the check found."""
+
+    __slots__ = ("call", "identity", "needs_success", "noted")
+
+    def __init__(self, identity: Identity, call: CallName, verdict: LoopVerdict | None) -> None:
+        self.identity = identity
+        self.call = call
+        self.needs_success = verdict is not None and verdict.failures > 0
+        self.noted = False
+
+    def outcome(self, status: int) -> tuple[bool, int] | None:
+        """(failed, status) to note, or None: nothing to note (noted already, or a success
+        with no failures to end, or a 429)."""
+        if self.noted or status == 429:
+            return None
+        self.noted = True
+        failed = is_failure(status)
+        if not failed and not self.needs_success:
+            return None
+        return failed, status
+
+
+class InboundLoops:
+    """The breaker of one middleware: check a request, note its response."""
+
+    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy) -> None:
+        self.breaker = LoopBreaker(fuse, policy)
+
+    def name(self, request: RequestView, query: Any, body: bytes | None) -> CallName:
+        """The call: route, query and body in its fingerprint; the route alone in messages
+        (a query may carry a credential)."""
+        path = request.path + _query(query)
+        return self.breaker.name(request.method, "", path, body, shown=request.path)
+
+    def check(self, identity: Identity, call: CallName) -> tuple[Decision, LoopCall]:
+        decision, verdict = self.breaker.check(identity, call, report=False)
+        return decision, LoopCall(identity, call, verdict)
+
+    async def acheck(self, identity: Identity, call: CallName) -> tuple[Decision, LoopCall]:
+        decision, verdict = await self.breaker.acheck(identity, call, report=False)
+        return decision, LoopCall(identity, call, verdict)
+
+    def note(self, watch: LoopCall, status: int) -> None:
+        outcome = watch.outcome(status)
+        if outcome is None:
+            return
+        failed, code = outcome
+        try:
+            self.breaker.note(watch.identity, watch.call, failed, code)
+        except StoreUnavailable:  # fail_closed: the response is on its way all the same
+            logger.warning("tokenfuse: store unavailable, a failed call not counted")
+
+    async def anote(self, watch: LoopCall, status: int) -> None:
+        outcome = watch.outcome(status)
+        if outcome is None:
+            return
+        failed, code = outcome
+        try:
+            await self.breaker.anote(watch.identity, watch.call, failed, code)
+        except StoreUnavailable:
+            logger.warning("tokenfuse: store unavailable, a failed call not counted")
+
+
+def _has_body(headers: Callable[[str], str | None]) -> bool:
+    length = headers("content-length")
+    if length is not None:
+        return length.strip() not in ("", "0")
+    return headers("transfer-encoding") is not None
+
+
+async def read_asgi_body(request: RequestView, receive: Receive) -> tuple[bytes | None, Receive]:
+    """The request's body (its first ``BODY_LIMIT`` bytes), and the ``receive`` that hands
+    the app every message as the server sent it."""
+    if not _has_body(request.header):
+        return None, receive
+    buffered = await read_body(receive, BODY_LIMIT)
+    data = buffered.data
+    if data is None:
+        parts = (m.get("body", b"") for m in buffered.messages if m.get("type") == "http.request")
+        data = b"".join(parts)[:BODY_LIMIT]
+    return data, buffered.replay(receive)
+
+
+class _Replayed(io.RawIOBase):
+    """A ``wsgi.input`` that gives the bytes read already, then the rest of the original."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = io.BytesIO(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        size = len(buffer)
+        data = self._head.read(size)
+        if len(data) < size and self._rest is not None:
+            more = self._rest.read(size - len(data))
+            data += more or b""
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def read_wsgi_body(request: RequestView) -> bytes | None:
+    """The request's body (its first ``BODY_LIMIT`` bytes); ``wsgi.input`` is replaced by
+    one that gives the app the whole body all the same."""
+    environ = request.raw
+    if not _has_body(request.header):
+        return None
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return None
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length <= 0:
+        return None  # no length (chunked): left to the app untouched, named by route alone
+    try:
+        head: bytes = stream.read(min(length, BODY_LIMIT))
+    except Exception:  # a broken input stream is the app's to find, not ours
+        return None
+    rest = stream if length > len(head) else None
+    environ["wsgi.input"] = io.BufferedReader(_Replayed(head, rest))
+    return head
+
+
+def status_of(line: str) -> int:
+    """The code of a WSGI status line (``"404 Not Found"``); 500 when it has none."""
+    try:
+        return int(line.split(None, 1)[0])
+    except (ValueError, IndexError):
+        return 500
+
+
+def iterable_closing(body: Iterable[bytes], done: Callable[[], None]) -> Iterable[bytes]:
+    """``body`` as the server iterates it, with ``done`` called once when it is closed."""
+    return _Closing(body, done)
+
+
+class _Closing:
+    def __init__(self, body: Iterable[bytes], done: Callable[[], None]) -> None:
+        self._body = body
+        self._chunks = iter(body)
+        self._done = done
+
+    def __iter__(self) -> _Closing:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._done()

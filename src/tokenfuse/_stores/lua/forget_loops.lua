@@ -1,0 +1,17 @@
+--[[
+forget_loops.lua: forget one of the identity's calls, or all of them (loops.forget).
+
+KEYS[1]  the identity's loop string  <prefix>:loops:{<key>}
+ARGV[1]  ttl of the string, milliseconds
+ARGV[2]  the call's fingerprint, or '' for every call
+
+Returns the number of calls forgotten.
+--]]
+
+local calls = load_loops(KEYS[1])
+local kept = {}
+for _, c in ipairs(calls) do
+  if ARGV[2] ~= '' and c.fingerprint ~= ARGV[2] then kept[#kept + 1] = c end
+end
+save_loops(KEYS[1], ARGV[1], kept)
+return #calls - #kept

@@ -1,0 +1,352 @@
+"""The failure-loop step of an outbound call: check before sending, note after the response.
+
+Before a request leaves (``before``/``abefore``), its conversation is read for a tool-call
+loop (``_core.tool_history``: the model asking again for a call that keeps failing; refused
+at once, no store asked), then the breaker checks the call's fingerprint (``CheckLoops``: a
+tripped call is refused before a byte leaves; a repeated one is reported, or refused). A
+refusal goes through the transport's ``Gatekeeper``, so shadow mode and the anthropic SDK
+are served as for every refusal.
+
+After the response (``after``/``aafter``), the call is a *failure* when its status is 400 or
+more (429 excepted: that is the provider's back-pressure, which the SDKs retry and the
+velocity fuse watches), or when its body is an error object, or its stream carries an error
+event; a failure is noted (``NoteLoop``: it may trip the call), and so is a success that ends
+earlier failures (only then: most calls cost no second round trip). A body still to be read
+is watched as it streams past, and noted when it ends or is closed.
+
+Not checked: requests without a body in memory (a streamed upload, a GET). An SDK's own
+retries of a call (``x-stainless-retry-count`` above 0) are checked (a tripped call's retries
+are refused too) and count as sends, but their failures are not counted again: one call that
+the SDK tries three times against a failing server is one failure, not a loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+from .._core.loops import LoopVerdict, parsed_body
+from .._core.tool_history import tool_calls, tool_loop
+from .._events import logger
+from .._fuse import Fuse
+from .._identity import Identity
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker
+from .compat import Flavor
+from .refusal import Gatekeeper
+from .stream import _of_library
+from .usage_option import sent_body
+
+__all__ = ["LoopStep", "LoopWatch", "failure_of"]
+
+#: Statuses that are no failure of the call (``after``).
+_NOT_FAILURES = frozenset({429})
+#: How much of a body is kept to read an error object from.
+_HEAD = 64 * 1024
+#: Marks of an error event in a server-sent event stream (OpenAI, Anthropic, others).
+_STREAM_ERRORS = (
+    b"event: error",
+    b"event:error",
+    b'"type":"error"',
+    b'"type": "error"',
+    b'"type":"response.failed"',
+    b'"type": "response.failed"',
+    b'data: {"error"',
+    b'data:{"error"',
+)
+_CARRY = max(len(mark) for mark in _STREAM_ERRORS)
+#: Every mark holds one of these words: a chunk without one (and not ending with the start of
+#: one) is passed over with two searches.
+_WORDS = (b"error", b"failed")
+#: The last bytes of a chunk when the next one may finish a word it began.
+_WORD_BYTES = frozenset(byte for word in _WORDS for byte in word[:-1])
+
+
+def _split_word(previous: bytes, chunk: bytes) -> bool:
+    """Whether a word of ``_WORDS`` runs across the border of two chunks."""
+    border = previous[-5:] + chunk[:5]
+    return any(word in border for word in _WORDS)
+
+
+def failure_of(status: int, body: bytes, event_stream: bool) -> tuple[bool, str]:
+    """Whether a response is a failure, and its error type ('' when unknown)."""
+    if status in _NOT_FAILURES:
+        return False, ""
+    if event_stream:
+        failed = status >= 400 or any(mark in body for mark in _STREAM_ERRORS)
+        return failed, "stream_error" if failed and status < 400 else ""
+    error = _error_object(body) if status >= 400 or b'"error"' in body else None
+    if status >= 400:
+        return True, _error_type(error)
+    if error is not None:
+        return True, _error_type(error) or "error_object"
+    return False, ""
+
+
+def _error_object(body: bytes) -> Any:
+    """The ``error`` of a JSON error body (OpenAI's, Anthropic's ``"type": "error"``)."""
+    if not body or body[:1] not in (b"{", b" ", b"\n"):
+        return None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    error = parsed.get("error")
+    return error if error else None
+
+
+def _error_type(error: Any) -> str:
+    if isinstance(error, dict):
+        for field in ("type", "code", "status"):
+            value = error.get(field)
+            if isinstance(value, str) and value:
+                return value
+            if isinstance(value, int) and not isinstance(value, bool):
+                return str(value)
+    return ""
+
+
+def _event_stream(response: Any) -> bool:
+    return "text/event-stream" in response.headers.get("content-type", "")
+
+
+def _is_retry(request: Any) -> bool:
+    count = request.headers.get("x-stainless-retry-count", "0")
+    return count not in ("", "0")
+
+
+class LoopWatch:
+    """One call under watch: who, which call, and whether a success must be noted."""
+
+    __slots__ = (
+        "_kept",
+        "_parts",
+        "call",
+        "carry",
+        "done",
+        "identity",
+        "keep_head",
+        "marked",
+        "needs_success",
+        "pending",
+    )
+
+    def __init__(self, identity: Identity, call: CallName, needs_success: bool) -> None:
+        self.identity = identity
+        self.call = call
+        self.needs_success = needs_success
+        self.keep_head = True  # an event stream's errors are its marks, not a JSON head
+        self._parts: list[bytes] = []
+        self._kept = 0
+        self.carry = b""
+        self.pending = False
+        self.marked = False
+        self.done = False
+
+    @property
+    def head(self) -> bytes:
+        """The start of the body (at most ``_HEAD`` bytes), for an error object."""
+        return b"".join(self._parts)
+
+    def feed(self, chunk: bytes) -> None:
+        """Look at a chunk of the body: keep its start, find error marks in a stream.
+
+        Cheap per chunk, as a stream has thousands: the start is kept as a list of slices
+        (joined once, at the end), and the marks are looked for only where an ``error`` is
+        (within the chunk, or across its border with the previous one).
+        """
+        if self.keep_head and self._kept < _HEAD:
+            part = chunk[: _HEAD - self._kept]
+            self._parts.append(part)
+            self._kept += len(part)
+        if self.marked:
+            return
+        # ``carry`` ends with the last _CARRY bytes seen (a long chunk is kept as it is, not
+        # copied): a mark ending in this chunk lies within ``carry + chunk``. Every mark holds
+        # a word of _WORDS, found in the chunk, across its border, or (``pending``) in the
+        # carried bytes, where a mark may have begun.
+        carry = self.carry
+        hit = b"error" in chunk or b"failed" in chunk
+        split = bool(carry) and carry[-1] in _WORD_BYTES and _split_word(carry, chunk)
+        if hit or split or self.pending:
+            window = carry + chunk
+            self.marked = any(mark in window for mark in _STREAM_ERRORS)
+            end = window[-_CARRY:]
+            self.pending = b"error" in end or b"failed" in end
+        self.carry = chunk if len(chunk) >= _CARRY else (carry + chunk)[-_CARRY:]
+
+
+def _watch(
+    identity: Identity, call: CallName, verdict: LoopVerdict | None, request: Any
+) -> LoopWatch | None:
+    """The watch of a call that was let through; None for an SDK's retry (not noted again)."""
+    if _is_retry(request):
+        return None
+    return LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+
+
+class LoopStep:
+    """The transport's failure-loop step (None policy: a step that does nothing)."""
+
+    __slots__ = ("_gate", "breaker", "policy")
+
+    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy | None, gate: Gatekeeper) -> None:
+        self.policy = policy
+        self.breaker = LoopBreaker(fuse, policy) if policy is not None else None
+        self._gate = gate
+
+    # -- before sending ---------------------------------------------------------------------
+
+    def _name(self, request: Any) -> tuple[CallName, Any] | None:
+        body = sent_body(request)
+        if not body or self.breaker is None:
+            return None
+        url = request.url
+        try:
+            host = url.raw_host.decode("ascii", "replace")
+            path = url.raw_path.decode("ascii", "replace").partition("?")[0]
+        except Exception:
+            return None
+        parsed = parsed_body(body)
+        return self.breaker.name(request.method, host, path, body, parsed), parsed[1]
+
+    def _tool_loop(self, identity: Identity, call: CallName, parsed: Any, request: Any) -> None:
+        policy, breaker = self.policy, self.breaker
+        if policy is None or breaker is None:
+            return
+        try:
+            loop = tool_loop(tool_calls(parsed), policy.tool_failures, policy.tool_alternations)
+        except Exception as exc:  # a body of a shape no one foresaw must not break the call
+            logger.debug("tokenfuse: reading the tool calls failed: %r", exc)
+            return
+        if loop is not None:
+            decision = breaker.tool_refusal(identity, call, loop.tool, loop.count, "tool error")
+            self._gate.check(decision, request)
+
+    def before(self, identity: Identity, request: Any) -> LoopWatch | None:
+        """Refuse a looping call (raises its ``FailureLoop``); else the watch of the call."""
+        named = self._name(request)
+        if named is None or self.breaker is None:
+            return None
+        call, parsed = named
+        self._tool_loop(identity, call, parsed, request)
+        decision, verdict = self.breaker.check(identity, call)
+        self._gate.check(decision, request)
+        return _watch(identity, call, verdict, request)
+
+    async def abefore(self, identity: Identity, request: Any) -> LoopWatch | None:
+        named = self._name(request)
+        if named is None or self.breaker is None:
+            return None
+        call, parsed = named
+        self._tool_loop(identity, call, parsed, request)
+        decision, verdict = await self.breaker.acheck(identity, call)
+        self._gate.check(decision, request)
+        return _watch(identity, call, verdict, request)
+
+    # -- after the response -------------------------------------------------------------------
+
+    def after(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
+        """Note the response now if its body is read, else when its stream ends or closes."""
+        if watch is None:
+            return
+        body = getattr(response, "_content", None)  # as meter._body_if_read
+        if body is not None:
+            watch.feed(body)
+            self._note(watch, response)
+            return
+        watch.keep_head = not _event_stream(response)
+        response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
+            response.stream, watch, lambda: self._note(watch, response)
+        )
+
+    async def aafter(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
+        if watch is None:
+            return
+        body = getattr(response, "_content", None)
+        if body is not None:
+            watch.feed(body)
+            await self._anote(watch, response)
+            return
+        watch.keep_head = not _event_stream(response)
+        response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
+            response.stream, watch, lambda: self._anote(watch, response)
+        )
+
+    def _outcome(self, watch: LoopWatch, response: Any) -> tuple[bool, int, str] | None:
+        """(failed, status, error type), or None when there is nothing to note."""
+        if watch.done:
+            return None
+        watch.done = True
+        status = int(response.status_code)
+        stream = _event_stream(response)
+        failed, error = failure_of(status, watch.head, stream)
+        if stream and watch.marked and status not in _NOT_FAILURES:
+            failed, error = True, error or "stream_error"
+        if not failed and not watch.needs_success:
+            return None
+        return failed, status if status >= 400 else 0, error
+
+    def _note(self, watch: LoopWatch, response: Any) -> None:
+        outcome = self._outcome(watch, response)
+        if outcome is None or self.breaker is None:
+            return
+        try:
+            self.breaker.note(watch.identity, watch.call, *outcome)
+        except Exception as exc:  # only a fail_closed fuse raises; the response is the caller's
+            logger.debug("tokenfuse: noting a call for the loop breaker failed: %r", exc)
+
+    async def _anote(self, watch: LoopWatch, response: Any) -> None:
+        outcome = self._outcome(watch, response)
+        if outcome is None or self.breaker is None:
+            return
+        try:
+            await self.breaker.anote(watch.identity, watch.call, *outcome)
+        except Exception as exc:
+            logger.debug("tokenfuse: noting a call for the loop breaker failed: %r", exc)
+
+
+class LoopStream:
+    """Sync mixin: pass the body on, show it to the watch, note the call at the end."""
+
+    def __init__(self, inner: Any, watch: LoopWatch, done: Callable[[], None]) -> None:
+        self._inner = inner
+        self._watch = watch
+        self._done = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        feed = self._watch.feed
+        for chunk in self._inner:
+            feed(chunk)
+            yield chunk
+        self._done()
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._done()
+
+
+class AsyncLoopStream:
+    """Async mixin: the same as ``LoopStream``."""
+
+    def __init__(self, inner: Any, watch: LoopWatch, done: Callable[[], Awaitable[None]]) -> None:
+        self._inner = inner
+        self._watch = watch
+        self._done = done
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        feed = self._watch.feed
+        async for chunk in self._inner:
+            feed(chunk)
+            yield chunk
+        await self._done()
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            await self._done()

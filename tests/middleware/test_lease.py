@@ -1,0 +1,131 @@
+"""``TokenFuse(..., lease=...)`` / ``TokenFuseWSGI``: calls admitted from leases, on every
+framework; the same answers as the direct mode, with a round trip per lease."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import Clock
+from tests.middleware.apps import Call
+from tests.middleware.servers import free_port
+from tokenfuse import FREE, Identity, MemoryStore
+from tokenfuse._core.lease import LeasePolicy
+from tokenfuse._errors import ConfigurationError
+from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, inbound_fuse
+
+AUTH = {"Authorization": "Bearer sk-test-lease-0001"}
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts the operations it runs, by name: the round trips."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.ran: Counter[str] = Counter()
+
+    def run(self, op: Any) -> Any:
+        self.ran[op.name] += 1
+        return super().run(op)
+
+
+def test_leased_calls_get_the_direct_modes_answers(
+    serve: Callable[..., Call], clock: Clock
+) -> None:
+    store = CountingStore(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    call = serve(fuse=fuse, lease=LeasePolicy(size=10, lifetime=60, top_up=False))
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(51)]
+
+    assert [reply.status for reply in replies] == [200] * 50 + [429]
+    assert replies[-1].json()["type"] == "quota_exhausted"
+    assert "retry-after" in replies[-1].headers
+    assert all("ratelimit" in reply.headers for reply in replies)
+    # Leases of 11, 11, 11, 11 and the 6 left; the sixth renewal refused: never an Admit.
+    assert (store.ran["lease"], store.ran["admit"]) == (6, 0)
+    # Every admitted call reached the velocity window, the local ones with the next renewal.
+    assert fuse.status(Identity.secret(AUTH["Authorization"].split()[1])).rate == 50
+
+
+def test_lease_is_off_by_default(serve: Callable[..., Call], clock: Clock) -> None:
+    store = CountingStore(clock=clock)
+    call = serve(fuse=inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY))
+    for _ in range(3):
+        assert call("POST", "/tools/refund", AUTH).status == 200
+    assert (store.ran["lease"], store.ran["admit"]) == (0, 3)
+
+
+def test_lease_takes_a_bool_or_a_policy() -> None:
+    with pytest.raises(ConfigurationError, match="lease"):
+        TokenFuse(lambda scope, receive, send: None, lease="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.redis
+def test_a_dead_redis_fails_open_in_lease_mode(serve: Callable[..., Call]) -> None:
+    from tokenfuse._stores.redis import RedisStore
+
+    store = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", prefix="tf-mw-lease-dead")
+    fuse = inbound_fuse(store)
+    call = serve(fuse=fuse, closing=store, lease=True)
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(10)]
+
+    assert [reply.status for reply in replies] == [200] * 10
+    assert all("ratelimit" not in reply.headers for reply in replies)
+    # each request's admission and its failure-loop check: every undecided step is counted
+    assert fuse.health.counts.failed + fuse.health.counts.skipped == 20
+
+
+def test_top_ups_give_the_same_answers(serve: Callable[..., Call], clock: Clock) -> None:
+    """With top-ups (asyncio apps top a half-spent lease up in the background): the same
+    answers, and still a fraction of the direct mode's round trips."""
+    store = CountingStore(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    call = serve(fuse=fuse, lease=LeasePolicy(size=10, lifetime=60))
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(51)]
+
+    assert [reply.status for reply in replies] == [200] * 50 + [429]
+    assert store.ran["admit"] == 0
+    assert store.ran["lease"] <= 12
+    assert fuse.status(Identity.secret(AUTH["Authorization"].split()[1])).rate == 50
+
+
+async def test_leases_go_back_at_lifespan_shutdown_before_the_app_closes_its_store(
+    clock: Clock,
+) -> None:
+    store = CountingStore(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    seen_at_shutdown: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert scope["type"] == "lifespan"
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                seen_at_shutdown.append(store.ran["return_lease"])  # the app would close it now
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+            await send({"type": "lifespan.startup.complete"})
+
+    middleware = TokenFuse(app, fuse=fuse, lease=LeasePolicy(size=10))
+    leases = middleware.guard.leases
+    assert leases is not None
+    await leases.aadmit(Identity.named("agent"))
+    incoming = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return incoming.pop(0)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await middleware({"type": "lifespan"}, receive, send)
+    assert seen_at_shutdown == [1]  # given back before the app heard of the shutdown
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert fuse.status("agent").bucket_level == 49
