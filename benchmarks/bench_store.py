@@ -110,21 +110,24 @@ def batched_records(url: str, prefix: str, calls: int) -> None:
     """Calls recorded per second through the background recorder of one process: ``calls``
     submitted as fast as possible, then flushed; for 1 and for 100 identities."""
     from tokenfuse import Identity
-    from tokenfuse._transport.meter import FuseReport, Meter
+    from tokenfuse._transport.meter import FuseReport, Meter, Metering
     from tokenfuse._transport.recorder import Recorder
 
     print("\nbatched records (FuseTransport(record='background')'s worker, one process)\n")
-    print("| identities | calls | seconds | calls/s | round trips | target |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| identities | calls | seconds | calls/s | round trips | of them inline | target |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for identities in (1, 100):
         store = RedisStore.from_url(url, prefix=f"{prefix}-batch{identities}")
         fuse = Fuse(store, velocity=POLICY)
         fuse.record("warm-up", 1)
-        recorder = Recorder(fuse)
+        recorder = Recorder(fuse, max_pending=calls)  # room for all: the worker's pace, no inline
         who = [Identity.named(f"agent-{n}") for n in range(identities)]
         allowed = fuse.gate(who[0])
-        meters = [Meter(who[n % identities], FuseReport(who[n % identities], allowed))
-                  for n in range(calls)]  # fmt: skip
+        metering = Metering(fuse, None, estimate=False)
+        meters = []
+        for n in range(calls):
+            identity = who[n % identities]
+            meters.append(Meter(metering, None, identity, FuseReport(identity, allowed)))
         started = time.perf_counter()
         for meter in meters:
             recorder.submit(meter, 10.0)
@@ -133,7 +136,8 @@ def batched_records(url: str, prefix: str, calls: int) -> None:
         recorded = sum(fuse.status(identity).rate for identity in who) / 10
         assert recorded == calls, (recorded, calls)
         print(f"| {identities} | {calls:,} | {seconds:.2f} | {calls / seconds:,.0f} "
-              f"| {recorder.counts.batches} | >= 50,000 |")  # fmt: skip
+              f"| {recorder.counts.batches + recorder.counts.inline} "
+              f"| {recorder.counts.inline} | >= 50,000 |")  # fmt: skip
         recorder.close()
         store.close()
 

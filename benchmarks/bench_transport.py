@@ -10,12 +10,14 @@ machine noise hits every case alike. Reported: the latency percentiles of each c
 the guard adds to them (guarded minus unguarded, same percentile), and the streaming
 throughput as a ratio.
 
-    python benchmarks/bench_transport.py --in-process [--rounds 30]
+    python benchmarks/bench_transport.py --in-process [--rounds 30] [--no-redis]
 
 measures the same two bodies over ``httpx.MockTransport`` instead: no server, no sockets, so
-what is left is the CPU time the guard adds (MemoryStore), per call and per stream, without
-the network's noise. Reported: the median over rounds of (guarded - unguarded), and the
-difference of the fastest rounds.
+what is left is the CPU time each guard adds, per call and per stream, without the network's
+noise: MemoryStore, and RedisStore with its open-key view and background records (its gate
+answered locally, its records batched by a worker thread that shares the GIL). Reported: the
+median over rounds of (guarded - unguarded), the difference of the fastest rounds, the
+ratio of each guard's added time to MemoryStore's, and each case's speed vs unguarded.
 """
 
 from __future__ import annotations
@@ -135,41 +137,102 @@ def _mock_handler(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, headers=headers, stream=httpx.ByteStream(_BODY))
 
 
-def in_process(rounds: int) -> None:
+def in_process(rounds: int, redis_url: str | None) -> None:
+    """Unguarded, MemoryStore and (with ``redis_url``) RedisStore with its open-key view and
+    background records, over one mock transport: the CPU each guard adds to a call."""
     mock = httpx.MockTransport(_mock_handler)
     guarded = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY))
     no_loops = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY), failure_loops=None)
     clients = {
         "unguarded": httpx.Client(headers=HEADERS, transport=mock),
-        "guarded": httpx.Client(headers=HEADERS, transport=guarded),
+        "MemoryStore": httpx.Client(headers=HEADERS, transport=guarded),
         GUARDED_NO_LOOPS: httpx.Client(headers=HEADERS, transport=no_loops),
     }
+    fuse_name = unique_prefix("transport")
+    if redis_url is not None:
+        from tokenfuse._stores.redis import RedisStore
+
+        store = RedisStore.from_url(redis_url)
+        redis_fuse = Fuse(store, velocity=POLICY, name=fuse_name)
+        synced = store.open_keys is not None and store.open_keys.wait_synced(10)
+        if redis_fuse.record("probe", 1).degraded or not synced:
+            print(f"(RedisStore row skipped: no Redis, or no open-key view, at {redis_url})")
+        else:
+            transport = FuseTransport(mock, fuse=redis_fuse, record="background")
+            clients[REDIS_IN_PROCESS] = httpx.Client(headers=HEADERS, transport=transport)
+            bare = FuseTransport(mock, fuse=redis_fuse, record="background", failure_loops=None)
+            clients[f"{REDIS_IN_PROCESS}, {NO_LOOPS}"] = httpx.Client(
+                headers=HEADERS, transport=bare
+            )
     url = "http://127.0.0.1:8000/v1/chat/completions"
 
     cases = {"JSON call": (chat, 200), f"{STREAM_CHUNKS}-chunk SSE stream": (chat_stream, 3)}
-    print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us)\n")
-    print("| body | guard | unguarded | guarded | added (median of rounds) | added (fastest) |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, (run, batch) in cases.items():
+    print(f"\nin process (httpx.MockTransport), {rounds} interleaved rounds (us per call)\n")
+    print("| body | case | median | added (median of rounds) | added (fastest rounds) "
+          "| added / MemoryStore's | vs unguarded |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|")
+    try:
+        for name, (run, batch) in cases.items():
 
-        def batch_of(client: httpx.Client, run: Any = run, batch: int = batch) -> None:
-            for _ in range(batch):
-                run(client, url)
+            def batch_of(client: httpx.Client, run: Any = run, batch: int = batch) -> None:
+                for _ in range(batch):
+                    run(client, url)
 
-        batches = {case: (lambda c=client: batch_of(c)) for case, client in clients.items()}
-        times = asyncio.run(interleave(batches, rounds, warmup=5))
-        plain = [us / batch for us in times["unguarded"]]
-        for case in ("guarded", GUARDED_NO_LOOPS):
-            guard = [us / batch for us in times[case]]
-            added = median([g - p for g, p in zip(guard, plain, strict=True)])
-            print(
-                f"| {name} | {case} | {median(plain):,.1f} | {median(guard):,.1f} "
-                f"| {added:+,.1f} | {min(guard) - min(plain):+,.1f} |"
-            )
+            batches = {case: (lambda c=client: batch_of(c)) for case, client in clients.items()}
+            times = asyncio.run(interleave(batches, rounds, warmup=5))
+            per_call = {case: [us / batch for us in values] for case, values in times.items()}
+            report_in_process(name, per_call)
+    finally:
+        for client in clients.values():
+            client.close()  # flushes the background records
+        if redis_url is not None:
+            delete_keys(redis_url, f"tokenfuse:{{{fuse_name}:*")
+
+
+REDIS_IN_PROCESS = "RedisStore, open-key view, background record"
+
+
+def report_in_process(body: str, per_call: dict[str, list[float]]) -> None:
+    """Each case's added time, and its ratio to MemoryStore's with the same breaker setting."""
+    plain = per_call["unguarded"]
+    added_by_case = {
+        case: median([g - p for g, p in zip(values, plain, strict=True)])
+        for case, values in per_call.items()
+    }
+    for case, values in per_call.items():
+        if case == "unguarded":
+            print(f"| {body} | {case} | {median(values):,.1f} | | | | 1.00x |")
+            continue
+        added = added_by_case[case]
+        memory_added = added_by_case[GUARDED_NO_LOOPS if NO_LOOPS in case else "MemoryStore"]
+        ratio = f"{added / memory_added:.2f}x" if memory_added > 0 else ""
+        speed = median(plain) / median(values)
+        print(
+            f"| {body} | {case} | {median(values):,.1f} | {added:+,.1f} "
+            f"| {min(values) - min(plain):+,.1f} | {ratio} | {speed:.2f}x |"
+        )
+
+
+def just_calls(case: str, body: str, calls: int) -> None:
+    """``calls`` calls of one case over the mock transport, untimed: what
+    ``benchmarks/instructions.sh`` runs under callgrind to count instructions per call."""
+    mock = httpx.MockTransport(_mock_handler)
+    transport: Any = mock
+    if case != "unguarded":  # guarded, or guarded-no-loops (failure_loops=None)
+        loops = {"failure_loops": None} if case == "guarded-no-loops" else {}
+        transport = FuseTransport(mock, fuse=Fuse(MemoryStore(), velocity=POLICY), **loops)
+    client = httpx.Client(headers=HEADERS, transport=transport)
+    run = chat if body == "json" else chat_stream
+    url = "http://127.0.0.1:8000/v1/chat/completions"
+    for _ in range(20):  # warm: caches filled, every lazy import done
+        run(client, url)
+    for _ in range(calls):
+        run(client, url)
 
 
 #: The same guard with the failure-loop breaker off: what the breaker's step costs.
-GUARDED_NO_LOOPS = "guarded, failure_loops=None"
+NO_LOOPS = "failure_loops=None"
+GUARDED_NO_LOOPS = f"MemoryStore, {NO_LOOPS}"
 
 
 #: The RedisStore cases: (label, open-key view, how usage is recorded, failure-loop breaker).
@@ -271,12 +334,22 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=30)
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--no-redis", action="store_true", help="--in-process: MemoryStore only")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--just-calls",
+        nargs=3,
+        metavar=("CASE", "BODY", "CALLS"),
+        help="unguarded|guarded|guarded-no-loops json|stream N: N untimed calls",
+    )
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
+    elif args.just_calls:
+        case, body, calls = args.just_calls
+        just_calls(case, body, int(calls))
     elif args.in_process:
-        in_process(args.rounds)
+        in_process(args.rounds, None if args.no_redis else args.redis)
     else:
         over_the_network(args.redis, args.calls, args.streams)
 

@@ -241,7 +241,12 @@ class Fuse:
         try:
             run_many = getattr(store, "run_many", None)
             ops = batch.ops
-            verdicts = run_many(ops) if run_many else [store.run(op) for op in ops]
+            # One key (the common case when calls are spaced out: a batch of one call) is one
+            # plain script call, without a pipeline's making and unmaking.
+            if run_many is None or len(ops) == 1:
+                verdicts = [store.run(op) for op in ops]
+            else:
+                verdicts = run_many(ops)
         except Exception as exc:
             return batch.degraded(exc)
         self._healthy()
@@ -685,29 +690,34 @@ class _Batch:
             raise ConfigurationError("this fuse has no velocity policy to record against")
         self.fuse = fuse
         self.identities = [Identity.of(who) for who, _ in items]
-        groups: dict[str, tuple[Identity, list[float], list[int]]] = {}
+        # Grouped by identity (equal identities have equal keys), so that each key is derived
+        # once per batch, not once per call: a batch is most often a few keys' many calls.
+        groups: dict[Identity, tuple[list[float], list[int]]] = {}
         for at, (identity, (_, amount)) in enumerate(zip(self.identities, items, strict=True)):
             if _countable(amount):
-                key = fuse._key(identity)
-                group = groups.get(key)
+                group = groups.get(identity)
                 if group is None:
-                    group = groups[key] = (identity, [], [])
-                group[1].append(float(amount))
-                group[2].append(at)
-        self.groups = list(groups.values())
+                    group = groups[identity] = ([], [])
+                group[0].append(float(amount))
+                group[1].append(at)
+        self.groups = [(identity, indexes) for identity, (_, indexes) in groups.items()]
         velocity = fuse.velocity
         self.ops = [
-            RecordBatch(key, tuple(amounts), velocity) for key, (_, amounts, _) in groups.items()
+            RecordBatch(fuse._key(identity), tuple(amounts), velocity)
+            for identity, (amounts, _) in groups.items()
         ]
 
     def decisions(self, verdicts: Sequence[VelocityVerdict]) -> list[Decision]:
         """Each item's decision: its key's, or allowed when it recorded nothing."""
-        found = [Decision(key=identity.label, allowed=True) for identity in self.identities]
-        for (identity, _, indexes), verdict in zip(self.groups, verdicts, strict=True):
+        found: list[Decision | None] = [None] * len(self.identities)
+        for (identity, indexes), verdict in zip(self.groups, verdicts, strict=True):
             decision = self.fuse._velocity_decision(identity, verdict)
             for at in indexes:
                 found[at] = decision
-        return found
+        return [
+            Decision(key=identity.label, allowed=True) if decision is None else decision
+            for identity, decision in zip(self.identities, found, strict=True)
+        ]
 
     def degraded(self, exc: Exception | None) -> list[Decision]:
         """The store failed (or is skipped): each item fails open (or the batch closed)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import os
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple, NoReturn
@@ -228,9 +229,28 @@ def _named(name: str) -> Identity:
     return Identity(_digest("name", name), _printable(name) or "(empty)")
 
 
-@_cached
+# Credentials are cached under a keyed hash of them, never as themselves: a cache keyed by the
+# credential would keep every API key the process used in memory for as long as it is cached
+# (and show it to anything that dumps the heap). BLAKE2b under a key made for this process:
+# 128 bits, a fraction of a microsecond for an API key, and nothing outside the process can
+# aim collisions at it. Every entry is the same small size whatever the credential's length,
+# so one bound covers JWTs too.
+_SECRETS_CACHED = 4096
+_secrets: dict[bytes, Identity] = {}
+_CACHE_KEY = os.urandom(32)
+
+
 def _secret(secret: str) -> Identity:
-    return Identity(_digest("secret", secret), redact(secret))
+    cache_key = hashlib.blake2b(
+        secret.encode("utf-8", "surrogatepass"), key=_CACHE_KEY, digest_size=16
+    ).digest()
+    identity = _secrets.get(cache_key)
+    if identity is None:
+        identity = Identity(_digest("secret", secret), redact(secret))
+        if len(_secrets) >= _SECRETS_CACHED:
+            _secrets.clear()  # under churn, start over: bounded, and no order to keep
+        _secrets[cache_key] = identity
+    return identity
 
 
 @lru_cache(maxsize=4096)  # bounded: an IPv4 address or an IPv6 /64 is at most 43 characters

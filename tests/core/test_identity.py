@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tracemalloc
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,6 +204,32 @@ def test_identity_caches_stay_bounded_under_a_flood_of_huge_names() -> None:
 def test_cached_identities_are_reused() -> None:
     assert Identity.named("agent-42") is Identity.named("agent-42")
     assert Identity.secret("sk-" + "j" * 1_000) is Identity.secret("sk-" + "j" * 1_000)
+
+
+def test_the_credential_cache_keeps_no_credential() -> None:
+    """Credentials are cached under a keyed hash: neither the cache's keys nor its identities
+    hold the credential (a heap dump of a long-running agent shows none of its API keys)."""
+    from tokenfuse import _identity
+
+    credential = "sk-proj-" + uuid.uuid4().hex + uuid.uuid4().hex
+    identity = Identity.secret(credential)
+    assert Identity.secret(credential) is identity  # cached
+    cache = _identity._secrets
+    assert identity in cache.values()
+    for key, cached in cache.items():
+        assert isinstance(key, bytes) and len(key) == 16
+        assert credential.encode() not in key and credential not in cached.label
+
+
+def test_the_credential_cache_stays_bounded_under_churn() -> None:
+    from tokenfuse import _identity
+
+    for n in range(_identity._SECRETS_CACHED * 2 + 10):
+        Identity.secret(f"sk-churn-{n:08d}-0123456789abcdef")
+    assert len(_identity._secrets) <= _identity._SECRETS_CACHED
+    assert Identity.secret("sk-churn-00000001-0123456789abcdef") == Identity.secret(
+        "sk-churn-00000001-0123456789abcdef"
+    )
 
 
 # -- what an identity shows and what it never does ---------------------------------------------

@@ -8,6 +8,7 @@ Waits are bounded and end on the view's own change notifications, not on sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -315,6 +316,67 @@ def test_a_batch_trip_refuses_the_next_gate_at_once(redis_url: str, redis_prefix
         assert not store.run(Gate("b")).allowed
     finally:
         store.close()
+
+
+def _sockets_to(url: str) -> set[str]:
+    """The inodes of this process's TCP sockets connected to the server of ``url``."""
+    port = f":{redis.connection.parse_url(url).get('port', 6379):04X}"
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # an fd closed while listing
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                ours.add(target[len("socket:[") : -1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[2].endswith(port) and fields[9] in ours:
+                    found.add(fields[9])
+    return found
+
+
+needs_proc = pytest.mark.skipif(
+    not os.path.exists("/proc/self/fd"), reason="counts sockets through /proc"
+)
+
+
+@needs_proc
+def test_closing_a_store_closes_every_socket_it_opened(redis_url: str, redis_prefix: str) -> None:
+    """The decisions' client, the subscriber's own client (subscription, SCAN, GET) and the
+    event log's reader: none is left for the collector."""
+    before = _sockets_to(redis_url)
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
+    fuse = Fuse(store, velocity=POLICY)
+    assert fuse.record("agent", 500).tripped  # a marker for the subscriber's sync to read
+    assert view_of(store).wait_synced(WAIT)
+    assert not fuse.gate("agent").allowed
+    store.events.read("0", 10, 0.01)  # the reader client, for blocking reads
+    assert len(_sockets_to(redis_url) - before) >= 3  # decisions, subscription, reader
+
+    store.close()
+
+    assert _sockets_to(redis_url) - before == set()
+
+
+@needs_proc
+async def test_closing_an_async_store_closes_every_socket_it_opened(
+    redis_url: str, redis_prefix: str
+) -> None:
+    before = _sockets_to(redis_url)
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
+    fuse = Fuse(store, velocity=POLICY)
+    assert (await fuse.arecord("agent", 500)).tripped
+    assert view_of(store).wait_synced(WAIT)
+    assert not (await fuse.agate("agent")).allowed
+    await store.events.aread("0", 10, 0.01)
+    store.events.read("0", 10, 0.01)
+    assert len(_sockets_to(redis_url) - before) >= 4
+
+    await store.aclose()
+
+    assert _sockets_to(redis_url) - before == set()
 
 
 @pytest.mark.cluster

@@ -117,7 +117,8 @@ class OpenKeys:
     Keys are the store's Redis keys (``<prefix>:{<key>}``).
 
     Args:
-        connect: makes the sync client to subscribe and scan with (a store's own client).
+        connect: makes the sync client to subscribe and scan with, and returns it with what
+            releases it (closes its sockets) once its subscription ends.
         prefix: the store's prefix: channel ``<prefix>:open-keys``, markers ``<prefix>:open:*``.
         clock: the store's clock, if it has one (then latches are compared in its frame, as
             the scripts do); None for the server's clock (then in this host's monotonic time).
@@ -125,7 +126,7 @@ class OpenKeys:
 
     def __init__(
         self,
-        connect: Callable[[], Any],
+        connect: Callable[[], tuple[Any, Callable[[], None]]],
         *,
         prefix: str,
         clock: Callable[[], float] | None = None,
@@ -242,16 +243,20 @@ class OpenKeys:
             self._changed.notify_all()
 
     def close(self) -> None:
-        """Stop the thread (it leaves within a heartbeat) and stop answering."""
+        """Stop the thread and stop answering. The thread leaves within a heartbeat, closing
+        its subscription and its client's sockets; this waits for it (bounded)."""
         self._stop.set()
         self._trusted = False
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(HEARTBEAT * 2 + CONFIRM_WITHIN)
 
-    def _subscribe(self) -> tuple[Any, Any]:
-        """A client and its subscription to the channel (not yet confirmed)."""
-        client = self._connect()
+    def _subscribe(self, release: list[Callable[[], None]]) -> tuple[Any, Any]:
+        """A client and its subscription to the channel (not yet confirmed); what releases
+        the client goes in ``release`` as soon as it exists, so that a failure to subscribe
+        still closes it."""
+        client, close = self._connect()
+        release.append(close)
         pubsub = client.pubsub()
         pubsub.subscribe(self.channel)
         self._heard = time.monotonic()  # the confirmation is due within CONFIRM_WITHIN
@@ -273,12 +278,9 @@ class OpenKeys:
             raise TimeoutError(f"no word from the server for {silence:.1f} s")
         return next_ping
 
-    def _unsubscribed(self, pubsub: Any) -> None:
+    def _unsubscribed(self) -> None:
         self._trusted = False
         self._synced.clear()
-        if pubsub is not None:
-            with contextlib.suppress(Exception):  # a broken connection may fail to close
-                pubsub.close()
 
     def _handle(self, client: Any, message: dict[str, Any]) -> None:
         kind = message.get("type")
@@ -404,14 +406,14 @@ def _follow(ref: weakref.ref[OpenKeys]) -> Exception | None:
     if view is None:
         return None
     pubsub = None
+    release: list[Callable[[], None]] = []
     try:
-        client, pubsub = view._subscribe()
+        client, pubsub = view._subscribe(release)
         next_ping = time.monotonic() + HEARTBEAT
         while not view._stop.is_set():
             next_ping = view._step(client, pubsub, next_ping)
             del view
             if (view := ref()) is None:
-                pubsub.close()
                 return None
         return None
     except Exception as exc:
@@ -420,7 +422,20 @@ def _follow(ref: weakref.ref[OpenKeys]) -> Exception | None:
         return exc
     finally:
         if view is not None:
-            view._unsubscribed(pubsub)
+            view._unsubscribed()
+        _close(pubsub, release)
+
+
+def _close(pubsub: Any, release: list[Callable[[], None]]) -> None:
+    """Close a subscription and its client's sockets: each subscription has a client of its
+    own, which no one else closes (a socket left to the collector is a leak, and a warning in
+    whatever runs when it is collected)."""
+    if pubsub is not None:
+        with contextlib.suppress(Exception):  # a broken connection may fail to close
+            pubsub.close()
+    for close in release:
+        with contextlib.suppress(Exception):
+            close()
 
 
 def _server_time(client: Any) -> float:

@@ -159,6 +159,10 @@ class _CommandTableOnce(AsyncCommandsParser):
             await super().initialize(node)
 
 
+def _keep_open() -> None:
+    pass
+
+
 class Clients:
     """Hands out the registered scripts of the sync or the asyncio client.
 
@@ -246,16 +250,17 @@ class Clients:
             make_readers=readers,
         )
 
-    def subscriber_client(self) -> SyncClient:
-        """A client for a long-lived subscription (``open_keys``): on a connection of its own,
-        never one of the decisions' pool, which may be small. A cluster client subscribes on
-        a connection of one node's pool."""
+    def subscriber_client(self) -> tuple[SyncClient, Callable[[], None]]:
+        """A client for a long-lived subscription (``open_keys``), and what lets it go when the
+        subscription ends: on a pool of its own, never the decisions' pool, which may be small,
+        and closed with its sockets. A cluster client subscribes on a connection of one node's
+        pool; that client is the store's, left open."""
         client = self.sync_client()
         if isinstance(client, redis.cluster.RedisCluster):
-            return client
+            return client, _keep_open
         pool = client.connection_pool
         own = redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
-        return redis.Redis(connection_pool=own)
+        return redis.Redis(connection_pool=own), own.disconnect
 
     def sync_scripts(self) -> Mapping[str, SyncCall]:
         scripts = self._sync_scripts

@@ -27,7 +27,7 @@ from .._usage import (
     default_registry,
     reader_for_response,
 )
-from .._usage.estimate import with_input
+from .._usage.estimate import reported, with_input
 from .account import account
 from .usage_option import Sending, sent_body
 
@@ -145,7 +145,7 @@ class Meter:
         report.done = True
         usage = self._usage(complete)
         metering = self._metering
-        if usage is not None and metering.estimate:
+        if usage is not None and metering.estimate and not reported(usage):
             usage = with_input(usage, sent_body(self._request))
         report.usage = usage
         account(metering.fuse, self.identity, usage, estimating=metering.estimate)

@@ -17,8 +17,7 @@ ask again; its streams are then counted by estimate. Each refusal is counted in
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._events import logger
 from .._fuse import Fuse
@@ -36,9 +35,8 @@ _refusing: dict[str, None] = {}  # host:port, least recently refused first
 _lock = threading.Lock()
 
 
-@dataclass(frozen=True, slots=True)
-class Sending:
-    """One request as the transport sends it.
+class Sending(NamedTuple):
+    """One request as the transport sends it (a tuple: one is made for every call).
 
     Attributes:
         request: what goes to the inner transport.
@@ -71,10 +69,15 @@ def sent_body(request: Any) -> bytes | None:
     return body if isinstance(body, bytes) else None
 
 
-def _json_body(request: Any) -> bytes | None:
-    if request.method != "POST" or "content-encoding" in request.headers:
+def _streaming_body(request: Any) -> bytes | None:
+    """The JSON body of a POST that may ask for a stream, else None (most requests: a body
+    without ``"stream"`` asks for none, and is not looked into further)."""
+    if request.method != "POST":
         return None
-    return sent_body(request)
+    body = sent_body(request)
+    if body is None or body.find(b'"stream"') < 0 or "content-encoding" in request.headers:
+        return None
+    return body
 
 
 def _with_body(request: Any, flavor: Flavor, body: bytes) -> Any:
@@ -105,12 +108,12 @@ class UsageOption:
             return Sending(request, request)
 
     def _prepare(self, request: Any, flavor: Flavor) -> Sending:
+        body = _streaming_body(request)
+        if body is None:
+            return Sending(request, request)
         url = request.url
         path = url.raw_path.decode("ascii").partition("?")[0]
         if not takes_usage_option(url.raw_host.decode("ascii").lower(), path):
-            return Sending(request, request)
-        body = _json_body(request)
-        if body is None:
             return Sending(request, request)
         if self.enabled and _host(url) not in _refusing:
             asked = with_usage_option(body)

@@ -25,7 +25,14 @@ import re
 
 from .model import Usage
 
-__all__ = ["BYTES_PER_TOKEN", "TextCounter", "request_text_bytes", "tokens_for", "with_input"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "TextCounter",
+    "reported",
+    "request_text_bytes",
+    "tokens_for",
+    "with_input",
+]
 
 #: The documented ratio of every estimate: 4 bytes of text per token.
 BYTES_PER_TOKEN = 4
@@ -121,6 +128,12 @@ def request_text_bytes(body: bytes) -> int:
     return total
 
 
+def reported(usage: Usage) -> bool:
+    """Whether ``usage`` is what the response reported (even partial), or counts nothing by
+    design: ``with_input`` leaves it as it is, so the request's body need not be read."""
+    return usage.counts_nothing or (usage.known and not usage.estimated)
+
+
 def with_input(usage: Usage, request_body: bytes | None) -> Usage:
     """``usage`` with what the request sent estimated, when the response reported nothing.
 
@@ -131,7 +144,7 @@ def with_input(usage: Usage, request_body: bytes | None) -> Usage:
     >>> with_input(Usage.unknown("openai", "no usage in stream"), b'{"prompt": "12345678"}').total
     2.0
     """
-    if usage.counts_nothing or (usage.known and not usage.estimated):
+    if reported(usage):
         return usage
     input_ = tokens_for(request_text_bytes(request_body)) if request_body else 0.0
     output = usage.output if usage.estimated else None

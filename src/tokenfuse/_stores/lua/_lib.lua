@@ -535,7 +535,9 @@ local function gate(v, now)
   return 1, ALLOWED
 end
 
-local function record(v, amount, now, p)
+-- record() without its verdict's text: (allowed 0/1, tripped 0/1, rate, limit, baseline), the
+-- last three for an allowed record only. A batch formats one verdict for many records.
+local function record_step(v, amount, now, p)
   if now >= (v.minute_head + 1) * MINUTE then roll_minutes(v, now, p) end
   local slot = advance(v, now) % SLOTS + 1
   v.amounts[slot] = v.amounts[slot] + amount
@@ -544,16 +546,26 @@ local function record(v, amount, now, p)
   v.minute_amounts[minute] = v.minute_amounts[minute] + amount
   v.minute_largest[minute] = math.max(v.minute_largest[minute], amount)
   v.minute_calls[minute] = v.minute_calls[minute] + 1.0
-  if v.open_until > now then return 0, refusal(v, now, 0) end
+  if v.open_until > now then return 0, 0 end
   local reason, rate, limit, baseline, span = judge(v, amount, now, p)
   if reason ~= 0 and limit ~= nil then
     trip(v, reason, rate, limit, baseline, span, now, p)
-    return 0, refusal(v, now, 1)
+    return 0, 1
   end
+  return 1, 0, rate, limit, baseline
+end
+
+local function allowed_verdict(rate, limit, baseline)
   local multiple = nil
   if baseline ~= nil and baseline ~= 0.0 then multiple = rate / baseline end
-  return 1, string.format('1 0 0 %.17g %s %s %s 0 nan', rate, opt(limit), opt(baseline),
+  return string.format('1 0 0 %.17g %s %s %s 0 nan', rate, opt(limit), opt(baseline),
     opt(multiple))
+end
+
+local function record(v, amount, now, p)
+  local allowed, tripped, rate, limit, baseline = record_step(v, amount, now, p)
+  if allowed == 0 then return 0, refusal(v, now, tripped) end
+  return 1, allowed_verdict(rate, limit, baseline)
 end
 
 local function clear_windows(v)
