@@ -31,6 +31,10 @@ class CountingStore(MemoryStore):
         self.ran[op.name] += 1
         return super().run(op)
 
+    def run_many(self, ops: Any) -> Any:
+        self.ran["+".join(op.name for op in ops)] += 1  # a pipeline: one round trip
+        return super().run_many(ops)
+
 
 def test_leased_calls_get_the_direct_modes_answers(
     serve: Callable[..., Call], clock: Clock
@@ -47,6 +51,8 @@ def test_leased_calls_get_the_direct_modes_answers(
     assert all("ratelimit" in reply.headers for reply in replies)
     # Leases of 11, 11, 11, 11 and the 6 left; the sixth renewal refused: never an Admit.
     assert (store.ran["lease"], store.ran["admit"]) == (6, 0)
+    # The failure-loop check is still a round trip of its own for each admitted call.
+    assert store.ran["check_loops"] == 50
     # Every admitted call reached the velocity window, the local ones with the next renewal.
     assert fuse.status(Identity.secret(AUTH["Authorization"].split()[1])).rate == 50
 
@@ -57,6 +63,8 @@ def test_lease_is_off_by_default(serve: Callable[..., Call], clock: Clock) -> No
     for _ in range(3):
         assert call("POST", "/tools/refund", AUTH).status == 200
     assert (store.ran["lease"], store.ran["admit"]) == (0, 3)
+    # the direct mode: each admission with its failure-loop check, in one round trip
+    assert store.ran["admit+check_loops"] == 3
 
 
 def test_lease_takes_a_bool_or_a_policy() -> None:
