@@ -88,6 +88,24 @@ def test_a_dead_redis_fails_open_in_lease_mode(serve: Callable[..., Call]) -> No
     assert fuse.health.counts.failed + fuse.health.counts.skipped == 20
 
 
+@pytest.mark.redis
+def test_a_dead_redis_counts_one_failure_per_request_in_direct_mode(
+    serve: Callable[..., Call],
+) -> None:
+    """The direct mode sends the admission and the loop check in one pipeline: a dead store
+    fails it once per request (the lease mode above: twice), and every request goes ahead."""
+    from tokenfuse._stores.redis import RedisStore
+
+    store = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", prefix="tf-mw-direct-dead")
+    fuse = inbound_fuse(store)
+    call = serve(fuse=fuse, closing=store)
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(10)]
+
+    assert [reply.status for reply in replies] == [200] * 10
+    assert fuse.health.counts.failed + fuse.health.counts.skipped == 10
+
+
 def test_top_ups_give_the_same_answers(serve: Callable[..., Call], clock: Clock) -> None:
     """With top-ups (asyncio apps top a half-spent lease up in the background): the same
     answers, and still a fraction of the direct mode's round trips."""
