@@ -9,9 +9,11 @@ store round trip). Both limiters guard every route for the caller named by its b
 with a limit no request reaches (we time the decision, not the refusal), both add their rate
 limit headers, and each uses memory or Redis storage:
 
-* TokenFuse: ``inbound_fuse(store)`` with a bucket of 10^9 (one Lua script per request on Redis);
-  and on Redis in lease mode (``lease=True``: calls admitted from a slice of the bucket this
-  process leases, one script call per lease of up to 100 calls).
+* TokenFuse: ``inbound_fuse(store)`` with a bucket of 10^9 (on Redis, one pipeline per request:
+  the ``Admit`` script and the failure-loop breaker's ``CheckLoops``; one script with
+  ``failure_loops=None``); and on Redis in lease mode (``lease=True``: calls admitted from a
+  slice of the bucket this process leases, one script call per lease of up to 100 calls; the
+  breaker's check is still a round trip per request, so lease mode is timed without it too).
 * slowapi: ``SlowAPIASGIMiddleware`` with ``default_limits=["1000000000/minute"]`` and
   ``headers_enabled=True``, on the ``limits`` memory or Redis storage (fixed window, slowapi's
   default strategy).
@@ -127,6 +129,7 @@ async def one_request(app: App) -> None:
 
 REFERENCES = ("redis.asyncio PING", "RedisStore.arun(Admit)", "arun(Lease), 100 calls")
 LEASED = "TokenFuse (Redis, lease)"
+LEASED_ALONE = "TokenFuse (Redis, lease, failure_loops=None)"
 
 
 async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
@@ -140,6 +143,7 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
         # the failure-loop breaker off: what its check (one more script) costs
         "TokenFuse (MemoryStore, failure_loops=None)": with_tokenfuse(MemoryStore(), loops=False),
         "TokenFuse (RedisStore, failure_loops=None)": with_tokenfuse(redis_store, loops=False),
+        LEASED_ALONE: with_tokenfuse(redis_store, lease=True, loops=False),
         "slowapi (memory)": with_slowapi("memory://", prefix),
         "slowapi (redis)": with_slowapi(redis_url, prefix),
     }
@@ -162,9 +166,11 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
     try:
         return await interleave({**cases, **references}, requests)
     finally:
-        leases = leases_of(apps[LEASED])
-        await leases.aclose()  # the unspent tokens go back, before the client closes
-        print(f"lease mode: {leases.counts}\n")
+        for name in (LEASED, LEASED_ALONE):
+            leases = leases_of(apps[name])
+            await leases.aclose()  # the unspent tokens go back, before the client closes
+            print(f"{name}: {leases.counts}")
+        print()
         await redis_store.aclose()
         await ping_client.aclose()
         delete_keys(redis_url, f"{prefix}:*")  # the loop strings too: <prefix>:loops:{...}
@@ -204,6 +210,9 @@ def report(times: dict[str, list[float]]) -> None:
     print(f"target p50 added with RedisStore in lease mode <= 0.1 ms: {verdict} "
           f"({leased / 1000:.3f} ms; {leased / redis_added:.2f}x the direct mode, "
           f"{leased / ping:.2f}x an async PING)")  # fmt: skip
+    direct, alone = added["TokenFuse (RedisStore, failure_loops=None)"], added[LEASED_ALONE]
+    print(f"failure_loops=None: direct adds {direct:.1f} us ({direct / ping:.2f}x an async PING), "
+          f"lease mode {alone:.1f} us ({alone / ping:.2f}x)")  # fmt: skip
 
 
 def main() -> None:

@@ -185,13 +185,14 @@ class Fuse:
         reservations ride with its gate. The gate's decision, and the ops' results (None
         when the store failed: the gate failed open, or closed, as ``gate`` does)."""
         identity = Identity.of(who)
-        return self._decide_with(identity, Gate(self._key(identity)), ops)
+        return self._decide_with(identity, Gate(self._key(identity)), ops, self._velocity_decision)
 
     async def agate_with(
         self, who: Who, ops: Sequence[Op[Any]]
     ) -> tuple[Decision, list[Any] | None]:
         identity = Identity.of(who)
-        return await self._adecide_with(identity, Gate(self._key(identity)), ops)
+        gate = Gate(self._key(identity))
+        return await self._adecide_with(identity, gate, ops, self._velocity_decision)
 
     def record_with(
         self, who: Who, amount: float, ops: Sequence[Op[Any]]
@@ -202,7 +203,7 @@ class Fuse:
         op = self._record_op(identity, amount)
         if op is None:
             return self._decide(identity, None, self._velocity_decision), self.run_guarded(ops)
-        return self._decide_with(identity, op, ops)
+        return self._decide_with(identity, op, ops, self._velocity_decision)
 
     async def arecord_with(
         self, who: Who, amount: float, ops: Sequence[Op[Any]]
@@ -212,7 +213,7 @@ class Fuse:
         if op is None:
             decision = await self._adecide(identity, None, self._velocity_decision)
             return decision, await self.arun_guarded(ops)
-        return await self._adecide_with(identity, op, ops)
+        return await self._adecide_with(identity, op, ops, self._velocity_decision)
 
     def record(self, who: Who, amount: float) -> Decision:
         """After a call: add what it spent; the verdict may open the key for the next call."""
@@ -281,6 +282,36 @@ class Fuse:
         identity = Identity.of(who)
         op = self._admit_op(identity, cost, amount, bucket)
         return await self._adecide(identity, op, self._admit_decision)
+
+    def admit_with(
+        self,
+        who: Who,
+        ops: Sequence[Op[Any]],
+        *,
+        cost: float = 1.0,
+        amount: float = 1.0,
+        bucket: BucketPolicy | None = None,
+    ) -> tuple[Decision, list[Any] | None]:
+        """``admit``, and ``ops`` in the same round trip (one pipeline): the middleware's
+        failure-loop check rides with its admission. The admission's decision, and the ops'
+        results (None when the store failed: the admission failed open, or closed, as
+        ``admit`` does, and that failure is counted once for the pipeline)."""
+        identity = Identity.of(who)
+        op = self._admit_op(identity, cost, amount, bucket)
+        return self._decide_with(identity, op, ops, self._admit_decision)
+
+    async def aadmit_with(
+        self,
+        who: Who,
+        ops: Sequence[Op[Any]],
+        *,
+        cost: float = 1.0,
+        amount: float = 1.0,
+        bucket: BucketPolicy | None = None,
+    ) -> tuple[Decision, list[Any] | None]:
+        identity = Identity.of(who)
+        op = self._admit_op(identity, cost, amount, bucket)
+        return await self._adecide_with(identity, op, ops, self._admit_decision)
 
     # -- inspection and live control: the store's errors reach the caller ----------------------
 
@@ -537,13 +568,17 @@ class Fuse:
         return self._conclude(identity, op, decide, outcome, started)
 
     def _decide_with(
-        self, identity: Identity, op: Gate | Record, ops: Sequence[Op[Any]]
+        self,
+        identity: Identity,
+        op: Op[T],
+        ops: Sequence[Op[Any]],
+        decide: Callable[[Identity, T], Decision],
     ) -> tuple[Decision, list[Any] | None]:
         """``_decide`` of ``op`` with ``ops`` after it in one pipeline; their results (None:
         the store failed, and ``op``'s decision says so)."""
         store = self._sync()
         started = perf_counter() if WATCHERS.decisions else 0.0
-        outcome: VelocityVerdict | Exception | None = None
+        outcome: T | Exception | None = None
         rest: list[Any] | None = None
         if self.health.available():
             try:
@@ -553,14 +588,18 @@ class Fuse:
                 outcome, rest = results[0], results[1:]
             except Exception as exc:
                 outcome = exc
-        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+        return self._conclude(identity, op, decide, outcome, started), rest
 
     async def _adecide_with(
-        self, identity: Identity, op: Gate | Record, ops: Sequence[Op[Any]]
+        self,
+        identity: Identity,
+        op: Op[T],
+        ops: Sequence[Op[Any]],
+        decide: Callable[[Identity, T], Decision],
     ) -> tuple[Decision, list[Any] | None]:
         store = self._async()
         started = perf_counter() if WATCHERS.decisions else 0.0
-        outcome: VelocityVerdict | Exception | None = None
+        outcome: T | Exception | None = None
         rest: list[Any] | None = None
         if self.health.available():
             try:
@@ -573,7 +612,7 @@ class Fuse:
                 outcome, rest = results[0], results[1:]
             except Exception as exc:
                 outcome = exc
-        return self._conclude(identity, op, self._velocity_decision, outcome, started), rest
+        return self._conclude(identity, op, decide, outcome, started), rest
 
     def _conclude(
         self,

@@ -248,12 +248,20 @@ class LoopBreaker:
         return decision, judge.verdict
 
     def concluded(
-        self, identity: Identity, call: CallName, op: CheckLoops, verdict: Any, started: float
+        self,
+        identity: Identity,
+        call: CallName,
+        op: CheckLoops,
+        verdict: Any,
+        started: float,
+        report: bool = True,
     ) -> Decision:
         """``check``'s decision on the verdict of ``op`` run in a pipeline shared with other
-        steps (the transport sends it with its gate: ``Fuse.gate_with``); ``started``: when
-        the check began, for the decision metric (0: nobody watches)."""
-        return self.fuse._conclude(identity, op, _Judge(self, call, None), verdict, started)
+        steps (the transport sends it with its gate: ``Fuse.gate_with``; the middleware with
+        its admission: ``Fuse.admit_with``); ``started``: when the check began, for the
+        decision metric (0: nobody watches); ``report``: as ``check``'s."""
+        judge = _Judge(self, call, None, report)
+        return self.fuse._conclude(identity, op, judge, verdict, started)
 
     def note(
         self, identity: Identity, call: CallName, failed: bool, status: int = 0, error: str = ""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Clock
-from tokenfuse import FREE, Fuse, MemoryStore, StoreUnavailable
+from tokenfuse import FREE, BucketPolicy, Fuse, MemoryStore, StoreUnavailable
 from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, TokenFuseWSGI, inbound_fuse
 from tokenfuse._transport import FailureLoopPolicy, forget_loops
 from tokenfuse.fuse import Identity
@@ -142,6 +142,89 @@ def serve(request: pytest.FixtureRequest) -> Iterator[Callable[..., tuple[Call, 
 
 
 BAD = json.dumps({"id": "forty-two", "note": "é"}).encode()
+GOOD = json.dumps({"id": 7}).encode()
+
+
+class Counted:
+    """A store (memory or Redis) whose round trips are logged: each call to it, a pipeline's
+    operations joined by "+", with how many requests the app had been given by then."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.served = Served()
+        self.trips: list[tuple[str, int]] = []
+
+    def _log(self, ops: Any) -> None:
+        self.trips.append(("+".join(op.name for op in ops), len(self.served.bodies)))
+
+    def run(self, op: Any) -> Any:
+        self._log([op])
+        return self.inner.run(op)
+
+    async def arun(self, op: Any) -> Any:
+        self._log([op])
+        return await self.inner.arun(op)
+
+    def run_many(self, ops: Any) -> Any:
+        self._log(ops)
+        return self.inner.run_many(ops)
+
+    async def arun_many(self, ops: Any) -> Any:
+        self._log(ops)
+        return await self.inner.arun_many(ops)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def taken(self) -> list[tuple[str, int]]:
+        trips, self.trips = self.trips, []
+        return trips
+
+
+def counted(fuse: Fuse, **options: Any) -> tuple[Fuse, Counted]:
+    store = Counted(fuse.store)
+    options = {"bucket": FREE, **options}
+    return Fuse(store, name="inbound", velocity=CALL_VELOCITY, secret=SECRET, **options), store
+
+
+def test_one_round_trip_before_the_app_and_one_after_only_for_a_failure(
+    serve: Callable[..., tuple[Call, Served]], fuse: Fuse
+) -> None:
+    """The admission and the failure-loop check go in one pipeline: one round trip before
+    the app (on Redis too), one after it for an error, none after a plain success."""
+    guarded, store = counted(fuse)
+    call, store.served = serve(fuse=guarded)
+    check = "admit+check_loops"
+
+    assert call(GOOD)[0] == 200
+    assert store.taken() == [(check, 0)]  # before the app; nothing to note after a success
+    for served in (1, 2, 3):
+        assert call(BAD)[0] == 422
+        assert store.taken() == [(check, served), ("note_loop", served + 1)]
+    status, body = call(BAD)
+    assert (status, body["type"]) == (429, "failure_loop")
+    assert store.taken() == [(check, 4)]  # refused on the pipeline's verdict: the app not called
+    assert store.served.bodies == [GOOD] + [BAD] * 3
+
+
+def test_a_request_the_bucket_refuses_is_still_counted_as_a_send(
+    serve: Callable[..., tuple[Call, Served]], fuse: Fuse, clock: Clock
+) -> None:
+    """The store runs the admission and the check together: a request the bucket refuses is
+    refused for its quota (one round trip, the app not called), and its call was counted as
+    sent, which only ``on_repeat="refuse"`` acts on (as documented in loops.py)."""
+    guarded, store = counted(fuse, bucket=BucketPolicy(rate=1, capacity=2))
+    policy = FailureLoopPolicy(repeats=3, on_repeat="refuse")
+    call, store.served = serve(fuse=guarded, failure_loops=policy)
+
+    assert [call(GOOD)[0] for _ in range(2)] == [200, 200]
+    status, body = call(GOOD)  # the third send of the call: refused by the bucket first
+    assert (status, body["type"]) == (429, "quota_exhausted")
+    assert store.taken()[-1] == ("admit+check_loops", 2)
+    clock.advance(5)  # the bucket refills; the repeat window (60 s) has not passed
+    status, body = call(GOOD)
+    assert (status, body["type"]) == (429, "repeat_loop")
+    assert len(store.served.bodies) == 2
 
 
 def test_the_same_failing_call_gets_a_429_that_names_it(
@@ -260,8 +343,13 @@ def test_shadow_mode_only_logs(
 class DeadLoops(MemoryStore):
     """A store whose loop operations fail (the rest works): the breaker fails open."""
 
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.failed = 0
+
     def run(self, op: Any) -> Any:
         if op.name in ("check_loops", "note_loop"):
+            self.failed += 1
             raise StoreUnavailable("loop state unreachable")
         return super().run(op)
 
@@ -270,9 +358,15 @@ def test_a_store_failure_fails_open_and_is_reported(
     serve: Callable[..., tuple[Call, Served]], clock: Clock
 ) -> None:
     events: list[Any] = []
-    fuse = inbound_fuse(DeadLoops(clock=clock), bucket=FREE, on_event=events.append)
+    dead = DeadLoops(clock=clock)
+    fuse = inbound_fuse(dead, bucket=FREE, on_event=events.append)
     call, served = serve(fuse=fuse)
-    for _ in range(5):
+    assert call(BAD)[0] == 422
+    # The pipeline failed once (its loop check), failing the admission open with it: one
+    # failure counted for both, then the note after the app.
+    assert (dead.failed, fuse.health.counts.failed) == (2, 2)
+    assert call(BAD)[0] == 422
+    for _ in range(3):  # the back-off: the store is skipped, and every request goes ahead
         assert call(BAD)[0] == 422
     assert len(served.bodies) == 5
     assert [event.kind for event in events][:1] == ["store_unavailable"]

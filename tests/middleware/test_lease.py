@@ -31,6 +31,10 @@ class CountingStore(MemoryStore):
         self.ran[op.name] += 1
         return super().run(op)
 
+    def run_many(self, ops: Any) -> Any:
+        self.ran["+".join(op.name for op in ops)] += 1  # a pipeline: one round trip
+        return super().run_many(ops)
+
 
 def test_leased_calls_get_the_direct_modes_answers(
     serve: Callable[..., Call], clock: Clock
@@ -47,6 +51,8 @@ def test_leased_calls_get_the_direct_modes_answers(
     assert all("ratelimit" in reply.headers for reply in replies)
     # Leases of 11, 11, 11, 11 and the 6 left; the sixth renewal refused: never an Admit.
     assert (store.ran["lease"], store.ran["admit"]) == (6, 0)
+    # The failure-loop check is still a round trip of its own for each admitted call.
+    assert store.ran["check_loops"] == 50
     # Every admitted call reached the velocity window, the local ones with the next renewal.
     assert fuse.status(Identity.secret(AUTH["Authorization"].split()[1])).rate == 50
 
@@ -57,6 +63,8 @@ def test_lease_is_off_by_default(serve: Callable[..., Call], clock: Clock) -> No
     for _ in range(3):
         assert call("POST", "/tools/refund", AUTH).status == 200
     assert (store.ran["lease"], store.ran["admit"]) == (0, 3)
+    # the direct mode: each admission with its failure-loop check, in one round trip
+    assert store.ran["admit+check_loops"] == 3
 
 
 def test_lease_takes_a_bool_or_a_policy() -> None:
@@ -78,6 +86,24 @@ def test_a_dead_redis_fails_open_in_lease_mode(serve: Callable[..., Call]) -> No
     assert all("ratelimit" not in reply.headers for reply in replies)
     # each request's admission and its failure-loop check: every undecided step is counted
     assert fuse.health.counts.failed + fuse.health.counts.skipped == 20
+
+
+@pytest.mark.redis
+def test_a_dead_redis_counts_one_failure_per_request_in_direct_mode(
+    serve: Callable[..., Call],
+) -> None:
+    """The direct mode sends the admission and the loop check in one pipeline: a dead store
+    fails it once per request (the lease mode above: twice), and every request goes ahead."""
+    from tokenfuse._stores.redis import RedisStore
+
+    store = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", prefix="tf-mw-direct-dead")
+    fuse = inbound_fuse(store)
+    call = serve(fuse=fuse, closing=store)
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(10)]
+
+    assert [reply.status for reply in replies] == [200] * 10
+    assert fuse.health.counts.failed + fuse.health.counts.skipped == 10
 
 
 def test_top_ups_give_the_same_answers(serve: Callable[..., Call], clock: Clock) -> None:

@@ -204,6 +204,48 @@ def test_failure_loops_are_counted_and_open_no_key(scrape: Scrape, clock: Clock)
     assert scrape.value("tokenfuse_keys_open", fuse="default") == 0  # one call, not the key
 
 
+def test_inbound_failure_loops_are_counted_from_the_shared_round_trip(
+    scrape: Scrape, clock: Clock
+) -> None:
+    """The middleware sends its failure-loop check with the admission: each is still counted
+    as its own decision, and a request the bucket refuses counts no loop decision."""
+    from wsgiref.util import setup_testing_defaults
+
+    from tokenfuse.middleware import TokenFuseWSGI
+
+    def tool(environ: dict[str, Any], start: Callable[..., Any]) -> list[bytes]:
+        start("422 Unprocessable Entity", [("Content-Type", "application/json")])
+        return [b'{"error": "bad arguments"}']
+
+    bucket = BucketPolicy(rate=1, capacity=5)
+    fuse = Fuse(MemoryStore(clock=clock), name="inbound", bucket=bucket, velocity=None)
+    app = TokenFuseWSGI(tool, fuse=fuse)
+
+    def call() -> str:
+        environ: dict[str, Any] = {"REQUEST_METHOD": "POST", "PATH_INFO": "/tools/lookup"}
+        environ["HTTP_X_API_KEY"] = "sk-agent-0001"
+        setup_testing_defaults(environ)
+        found: list[str] = []
+        body = app(environ, lambda status, headers, exc=None: found.append(status))
+        b"".join(body)
+        getattr(body, "close", lambda: None)()
+        return found[0].split()[0]
+
+    assert [call() for _ in range(6)] == ["422"] * 3 + ["429"] * 3  # the 6th: the bucket
+    inbound = {"layer": "inbound", "fuse": "inbound"}
+
+    def decisions(operation: str, outcome: str) -> float:
+        return scrape.value(
+            "tokenfuse_decisions_total", operation=operation, outcome=outcome, **inbound
+        )
+
+    assert (decisions("admit", "allowed"), decisions("admit", "refused")) == (5, 1)
+    assert (decisions("check_loops", "allowed"), decisions("check_loops", "refused")) == (3, 2)
+    # the trip (the third failure noted) and the two requests refused before the app
+    assert scrape.value("tokenfuse_refusals_total", reason="failure_loop", **inbound) == 3
+    assert scrape.value("tokenfuse_trips_total", reason="failure_loop", **inbound) == 1
+
+
 class FailingStore:
     def run(self, op: object) -> object:
         raise StoreUnavailable("down")

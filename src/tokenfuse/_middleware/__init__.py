@@ -2,9 +2,9 @@
 
 ::
 
-    request ─ RequestView ─ InboundGuard.plan ─ Plan.aadmit/admit ─ InboundGuard.settle ─┬─ Reply
-             (request.py)      (guard.py)       (one store trip)        (guard.py)       │
-                                                                                         └─ app
+    request ─ RequestView ─ InboundGuard.plan ─ InboundGuard.aadmit/admit ─ settle ─┬─ Reply
+             (request.py)      (guard.py)       (one store trip: the Admit   (guard.py) │
+                                                 and the failure-loop check)            └─ app
     count="tokens": the app reports into the Outcome's Report (report.py), which
                     InboundGuard.arecord/record files in the store when the response is done
 

@@ -112,22 +112,22 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
         if plan is None:
             await self.app(scope, receive, send)
             return
-        try:
-            decision = await plan.aadmit()
+        body = None
+        if self.guard.loops is not None:  # the failure-loop breaker fingerprints it (loops.py)
+            body, receive = await read_asgi_body(request, receive)
+        try:  # one round trip: the admission and the failure-loop check
+            admission = await self.guard.aadmit(plan, request, body)
         except StoreUnavailable as exc:
             await _send_reply(send, unavailable(exc))
             return
-        outcome = self.guard.settle(plan, decision, request)
+        outcome = self.guard.settle(plan, admission.decision, request)
         if outcome.reply is not None:
             await _send_reply(send, outcome.reply)
             return
-        watch = None
-        if self.guard.loops is not None:  # the failure-loop breaker (loops.py)
-            body, receive = await read_asgi_body(request, receive)
-            watch, reply = await self.guard.acheck_loops(plan, request, body)
-            if reply is not None:
-                await _send_reply(send, reply)
-                return
+        watch, reply = await self.guard.acheck_loops(plan, admission, request)
+        if reply is not None:
+            await _send_reply(send, reply)
+            return
         send = self._with_headers(send, outcome, scope if watch is not None else None)
         report = outcome.report
         try:

@@ -3,14 +3,16 @@
 ``InboundGuard`` turns a request into a ``Plan`` (who, which tier, what cost), a ``Decision``
 into an ``Outcome`` (headers for the response and, counting tokens, the request's ``Report``;
 or a refusal), and a finished ``Report`` into a record in the store. The ASGI and WSGI shells
-only carry these through their protocols and make the store calls (``Plan.aadmit`` or
-``Plan.admit``, ``arecord`` or ``record``).
+only carry these through their protocols and make the store calls (``aadmit`` or ``admit``:
+the admission and the failure-loop check in one round trip; ``arecord`` or ``record``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .._core.bucket import BucketPolicy
 from .._core.lease import LeasePolicy
@@ -19,17 +21,18 @@ from .._fuse import Decision, Fuse
 from .._identity import Identity
 from .._leases import Leases
 from .._settings import current as current_settings
+from .._stores.ops import Op
 from .._throttle import Throttle
 from .clients import ClientAddress
 from .defaults import default_inbound_fuse
 from .identify import ANONYMOUS, bearer_or_api_key
-from .loops import InboundLoops, LoopCall
+from .loops import InboundLoops, LoopCall, LoopCheck
 from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tiers_rule
 from .reply import Headers, Reply, delay_seconds, rate_limit_headers, refused
 from .report import DECISION_KEY, REPORT_KEY, Report
 from .request import RequestView
 
-__all__ = ["InboundGuard", "Outcome", "Plan"]
+__all__ = ["Admission", "InboundGuard", "Outcome", "Plan"]
 
 logger = logging.getLogger("tokenfuse.middleware")
 
@@ -54,6 +57,32 @@ class Plan:
         return await admitter.aadmit(
             self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
         )
+
+    def admit_with(self, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
+        """``admit`` from the fuse, with ``ops`` in the same round trip (``Fuse.admit_with``)."""
+        return self.fuse.admit_with(
+            self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
+        )
+
+    async def aadmit_with(self, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
+        return await self.fuse.aadmit_with(
+            self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request's admission, and its failure-loop check (None: the breaker is off).
+
+    ``sent``: the check went to the store with the admission (direct mode), and ``found`` is
+    its verdict (None: the store failed or was skipped; the admission's decision counted it).
+    Not sent (``lease=True``: the admission is local), the check is a round trip of its own.
+    """
+
+    decision: Decision
+    check: LoopCheck | None = None
+    sent: bool = False
+    found: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,30 +175,62 @@ class InboundGuard:
             return self.refusal(error, request).with_defaults(headers), headers
         return refused(error, headers), headers
 
-    # -- the failure-loop breaker (loops.py): after admission, before the app ----------------
+    # -- admission, with the failure-loop breaker's check (loops.py) in the same round trip ----
 
-    def check_loops(
-        self, plan: Plan, request: RequestView, body: bytes | None
-    ) -> tuple[LoopCall | None, Reply | None]:
-        """The watch of this call, or the reply refusing it as a loop."""
+    def admit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
+        """Admit the request and check it for loops, in one round trip (``body``: what the
+        breaker fingerprints, read before admission)."""
+        check = self._loop_check(plan, request, body)
+        if check is None or plan.leases is not None:
+            return Admission(plan.admit(), check)
+        decision, found = plan.admit_with((check.op,))
+        return Admission(decision, check, True, found[0] if found else None)
+
+    async def aadmit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
+        check = self._loop_check(plan, request, body)
+        if check is None or plan.leases is not None:
+            return Admission(await plan.aadmit(), check)
+        decision, found = await plan.aadmit_with((check.op,))
+        return Admission(decision, check, True, found[0] if found else None)
+
+    def _loop_check(self, plan: Plan, request: RequestView, body: bytes | None) -> LoopCheck | None:
         loops = self.loops
         if loops is None:
+            return None
+        return loops.prepare(plan.identity, request, _query_of(request), body)
+
+    def check_loops(
+        self, plan: Plan, admission: Admission, request: RequestView
+    ) -> tuple[LoopCall | None, Reply | None]:
+        """For an admitted request: the watch of this call, or the reply refusing it as a
+        loop. Decided on the verdict that came with the admission; in lease mode, asked now
+        (a round trip)."""
+        loops, check = self.loops, admission.check
+        if loops is None or check is None:
             return None, None
-        call = loops.name(request, _query_of(request), body)
-        decision, watch = loops.check(plan.identity, call)
+        if admission.sent:
+            decision, watch = loops.concluded(plan.identity, check, admission.found)
+        else:
+            decision, watch = loops.check(plan.identity, check.call)
         return watch, self._loop_reply(plan, decision, request)
 
     async def acheck_loops(
-        self, plan: Plan, request: RequestView, body: bytes | None
+        self, plan: Plan, admission: Admission, request: RequestView
     ) -> tuple[LoopCall | None, Reply | None]:
-        loops = self.loops
-        if loops is None:
+        loops, check = self.loops, admission.check
+        if loops is None or check is None:
             return None, None
-        call = loops.name(request, _query_of(request), body)
-        decision, watch = await loops.acheck(plan.identity, call)
+        if admission.sent:
+            decision, watch = loops.concluded(plan.identity, check, admission.found)
+        else:
+            decision, watch = await loops.acheck(plan.identity, check.call)
         return watch, self._loop_reply(plan, decision, request)
 
-    def _loop_reply(self, plan: Plan, decision: Decision, request: RequestView) -> Reply | None:
+    def _loop_reply(
+        self, plan: Plan, decision: Decision | None, request: RequestView
+    ) -> Reply | None:
+        if decision is None:
+            return None
         error = decision.error
         if decision.allowed or decision.degraded or error is None:
             return None

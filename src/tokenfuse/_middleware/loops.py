@@ -20,10 +20,23 @@ failure makes a loop unless told otherwise.
 
 The body is read before the app runs, up to ``BODY_LIMIT`` bytes, and handed on untouched
 (``mcp.body``: the same messages, then the rest from the server); a larger body is
-fingerprinted by its first ``BODY_LIMIT`` bytes. Each guarded request costs one more store
-operation before the app (``CheckLoops``) and one after it only for an error (or for a
-success that ends earlier errors). A store that fails is failed open by the fuse, counted
-and logged, as every decision is.
+fingerprinted by its first ``BODY_LIMIT`` bytes.
+
+**Round trips.** The check (``CheckLoops``) goes to the store in one pipeline with the
+admission (``Admit``, ``Fuse.admit_with``): one round trip before the app, and one after it
+only for an error (or for a success that ends earlier errors). With ``lease=True`` the
+admission is local and the check is a round trip of its own. A store that fails fails the
+pipeline once: counted once, logged, and failed open (or closed) by the fuse, as every
+decision is; the call then goes unchecked for loops.
+
+**A refused request is still counted as sent.** The store runs the admission and the check
+together, before either answer is known, so a request the bucket or the velocity latch
+refuses has been counted by the check as a send of its call (its verdict is then dropped:
+the admission's refusal is the answer, and no ``check_loops`` decision is counted). That is
+deliberate: the caller did send it, and a caller repeating one call into a refusal repeats
+it all the same. It matters only with ``on_repeat="refuse"`` (repeats are not reported
+inbound otherwise), and a failure loop is never made by it: only failures noted after the
+app trip one.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Iterable
+from time import perf_counter
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -39,10 +53,12 @@ from .._errors import StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
 from .._loops import CallName, FailureLoopPolicy, LoopBreaker
+from .._observe import WATCHERS
+from .._stores.ops import CheckLoops
 from .mcp.body import Receive, read_body
 from .request import RequestView
 
-__all__ = ["BODY_LIMIT", "InboundLoops", "LoopCall", "is_failure", "read_wsgi_body"]
+__all__ = ["BODY_LIMIT", "InboundLoops", "LoopCall", "LoopCheck", "is_failure", "read_wsgi_body"]
 
 logger = logging.getLogger("tokenfuse.middleware")
 
@@ -86,11 +102,45 @@ class LoopCall:
         return failed, status
 
 
+class LoopCheck:
+    """A request's failure-loop check, prepared to go with its admission
+    (``InboundLoops.prepare``)."""
+
+    __slots__ = ("call", "op", "started")
+
+    def __init__(self, call: CallName, op: CheckLoops, started: float) -> None:
+        self.call = call
+        self.op = op
+        self.started = started  # for the decision's duration metric (0: nobody watches)
+
+
 class InboundLoops:
     """The breaker of one middleware: check a request, note its response."""
 
     def __init__(self, fuse: Fuse, policy: FailureLoopPolicy) -> None:
         self.breaker = LoopBreaker(fuse, policy)
+
+    def prepare(
+        self, identity: Identity, request: RequestView, query: Any, body: bytes | None
+    ) -> LoopCheck:
+        """The request's check, to send with its admission (``Fuse.admit_with``)."""
+        call = self.name(request, query, body)
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        return LoopCheck(call, self.breaker.check_op(identity, call), started)
+
+    def concluded(
+        self, identity: Identity, check: LoopCheck, verdict: LoopVerdict | None
+    ) -> tuple[Decision | None, LoopCall]:
+        """The decision on the check's verdict from the shared pipeline (None when the store
+        failed or was skipped: the admission's decision counted that, and the call goes
+        unchecked), and the watch of the call."""
+        if verdict is None:
+            return None, LoopCall(identity, check.call, None)
+        breaker = self.breaker
+        decision = breaker.concluded(
+            identity, check.call, check.op, verdict, check.started, report=False
+        )
+        return decision, LoopCall(identity, check.call, verdict)
 
     def name(self, request: RequestView, query: Any, body: bytes | None) -> CallName:
         """The call: route, query and body in its fingerprint; the route alone in messages

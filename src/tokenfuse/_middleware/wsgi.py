@@ -106,19 +106,20 @@ class TokenFuseWSGI(InboundMiddleware[WSGIApplication]):
         plan = self.guard.plan(request)
         if plan is None:
             return self.app(environ, start_response)
-        try:
-            decision = plan.admit()
+        # The failure-loop breaker fingerprints the body (loops.py)
+        body = read_wsgi_body(request) if self.guard.loops is not None else None
+        try:  # one round trip: the admission and the failure-loop check
+            admission = self.guard.admit(plan, request, body)
         except StoreUnavailable as exc:
             return _send_reply(start_response, unavailable(exc))
-        outcome = self.guard.settle(plan, decision, request)
+        outcome = self.guard.settle(plan, admission.decision, request)
         if outcome.reply is not None:
             return _send_reply(start_response, outcome.reply)
-        if self.guard.loops is not None:  # the failure-loop breaker (loops.py)
-            watch, reply = self.guard.check_loops(plan, request, read_wsgi_body(request))
-            if reply is not None:
-                return _send_reply(start_response, reply)
-            if watch is not None:
-                return self._watched(environ, start_response, outcome, plan, watch)
+        watch, reply = self.guard.check_loops(plan, admission, request)
+        if reply is not None:
+            return _send_reply(start_response, reply)
+        if watch is not None:
+            return self._watched(environ, start_response, outcome, plan, watch)
         return self._run(environ, self._with_headers(start_response, outcome), outcome, plan)
 
     def _run(
