@@ -108,7 +108,9 @@ def test_processes_hammering_one_bucket_stay_within_the_bound(
     decided = admitted + sum(each["refused"] for each in found)
     renewals = sum(each["renewals"] for each in found)
     print(f"{decided} decisions, {renewals} round trips, {admitted} admitted <= {bound:.0f}")
-    assert all(each["local"] > 0 for each in found)
+    # (A process the scheduler starts late may find the bucket spent and every lease refused:
+    # the claim is the processes', together.)
+    assert sum(each["local"] for each in found) > 0
     assert renewals < decided
 
 
