@@ -97,6 +97,33 @@ def test_lease_mode_checks_loops_without_a_round_trip_and_still_refuses_a_loop(
     assert call("POST", "/tools/refund", AUTH).status == 200  # other calls go on
 
 
+def test_on_repeat_refuse_keeps_the_loop_check_s_round_trip_in_lease_mode(
+    serve: Callable[..., Call], clock: Clock
+) -> None:
+    """Repeats refused: every send must be counted by the store, so no local answer."""
+    from tokenfuse._transport import FailureLoopPolicy
+
+    store = CountingStore(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    refuse = FailureLoopPolicy(on_repeat="refuse", repeats=3)
+    call = serve(fuse=fuse, lease=True, failure_loops=refuse)
+    guard_ops: list[Any] = []
+    original = store.run
+
+    def run(op: Any) -> Any:
+        guard_ops.append(op)
+        return original(op)
+
+    store.run = run  # type: ignore[method-assign]
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(3)]
+
+    assert [reply.status for reply in replies] == [200, 200, 429]
+    assert replies[-1].json()["type"] == "repeat_loop"
+    checks = [op for op in guard_ops if op.name == "check_loops"]
+    assert len(checks) == 3 and not any(op.local for op in checks)
+
+
 def test_lease_is_off_by_default(serve: Callable[..., Call], clock: Clock) -> None:
     store = CountingStore(clock=clock)
     call = serve(fuse=inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY))

@@ -203,3 +203,37 @@ def test_a_trip_noted_in_this_process_is_refused_at_once_and_failures_seen_are_e
         assert view.counts.loop_round_trips == 0
     finally:
         store.close()
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_every_node_s_loop_trips_reach_the_view(cluster_url: str) -> None:
+    """Identities on every primary: the loop markers are found by a SCAN of each (written in
+    the identity's slot), and a trip or a forget on any node reaches the view."""
+    import uuid
+
+    from redis.cluster import RedisCluster
+
+    prefix = f"tf-loopview-{uuid.uuid4().hex[:8]}"
+    url = cluster_url.replace("redis://", "redis+cluster://")
+    first = RedisStore.from_url(url, prefix=prefix)
+    late = RedisStore.from_url(url, prefix=prefix)
+    keys = [f"default:{n:032x}" for n in range(6)]  # spread over the slots, so over the nodes
+    try:
+        for key in keys:
+            for _ in range(3):
+                first.run(NoteLoop(key, CALL, POLICY, True, 500))
+        view = view_of(late)
+        assert view.wait_synced(WAIT)
+        assert all(not late.run(CheckLoops(key, CALL, POLICY, local=True)).allowed for key in keys)
+        first.run(ForgetLoops(keys[0]))
+        gone = (loops_key_of(prefix, keys[0]), CALL)
+        assert view.wait_until(lambda v: gone not in v._loops, WAIT)
+        assert late.run(CheckLoops(keys[0], CALL, POLICY, local=True)).allowed
+        assert view.counts.loop_round_trips == 0 and view.counts.loop_local == 7
+    finally:
+        first.close()
+        late.close()
+        cleanup = RedisCluster.from_url(cluster_url)
+        for name in cleanup.scan_iter(match=f"{prefix}*"):
+            cleanup.delete(name)
+        cleanup.close()
