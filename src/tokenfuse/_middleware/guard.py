@@ -76,7 +76,8 @@ class Admission:
 
     ``sent``: the check went to the store with the admission (direct mode), and ``found`` is
     its verdict (None: the store failed or was skipped; the admission's decision counted it).
-    Not sent (``lease=True``: the admission is local), the check is a round trip of its own.
+    Not sent (``lease=True``: the admission is local), the check is asked on its own: a round
+    trip, or an answer of the store's open-key view (``CheckLoops.local``, ``loops.py``).
     """
 
     decision: Decision
