@@ -237,3 +237,25 @@ def test_on_a_cluster_every_node_s_loop_trips_reach_the_view(cluster_url: str) -
         for name in cleanup.scan_iter(match=f"{prefix}*"):
             cleanup.delete(name)
         cleanup.close()
+
+
+def test_a_full_view_sends_the_checks_to_the_store_never_allowing_a_tripped_call(
+    two_stores: tuple[RedisStore, RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenfuse._stores import open_keys
+
+    monkeypatch.setattr(open_keys, "MAX_LOOPS", 1)
+    a, b = two_stores
+    view = view_of(b)
+    assert view.wait_synced(WAIT)
+    loops = loops_key_of(b.prefix, KEY)
+    trip(a)
+    assert view.wait_until(lambda v: (loops, CALL) in v._loops, WAIT)
+    trip(a, OTHER)  # no room for it in the view
+    assert view.wait_until(lambda v: v._loops_full, WAIT)
+    assert (loops, OTHER) not in view._loops
+
+    refused = b.run(check(OTHER))
+
+    assert not refused.allowed and refused.reason == "failure_loop"  # the store's answer
+    assert view.counts.loop_round_trips == 1 and view.counts.loop_local == 0

@@ -178,6 +178,7 @@ class OpenKeys:
         # (loops key, fingerprint) -> (until, the check's refusal): the tripped calls
         self._loops: dict[tuple[str, str], tuple[float, LoopVerdict]] = {}
         self._loops_full = False
+        self._next_room = 0.0  # monotonic time of the next look for room, while full
         # (loops key, fingerprint) -> (until, failures): calls this process saw fail
         self._failing: dict[tuple[str, str], tuple[float, float]] = {}
         self._loop_markers = f"{_glob_escape(prefix)}:open-loop:*"
@@ -230,7 +231,7 @@ class OpenKeys:
         """A ``CheckLoops`` for the call ``fingerprint`` of the loop string ``key`` from the
         view: its refusal while tripped, else allowed (no send counted; ``failures``: those
         this process saw), or None: ask the store (the view is not trusted, or full)."""
-        if not self.trusted or (self._loops_full and not self._loop_room()):
+        if not self.trusted or (self._loops_full and not self._room_again()):
             self.start()
             self.counts.loop_round_trips += 1
             return None
@@ -248,6 +249,14 @@ class OpenKeys:
             self._failing.pop(call, None)
             seen = None
         return LoopVerdict(failures=seen[1] if seen is not None else 0.0)
+
+    def _room_again(self) -> bool:
+        """While full: look for room (expired calls) at most once a second."""
+        now = time.monotonic()
+        if now < self._next_room:
+            return False
+        self._next_room = now + 1.0
+        return self._loop_room()
 
     def _loop_room(self) -> bool:
         """Drop the expired tripped calls; whether there is room again."""
@@ -269,8 +278,9 @@ class OpenKeys:
             if fingerprint:
                 calls.pop((key, fingerprint), None)
             else:
-                for call in [call for call in calls if call[0] == key]:
-                    calls.pop(call, None)
+                for call in list(calls):  # a copy: request threads change the dicts too
+                    if call[0] == key:
+                        calls.pop(call, None)
 
     def _learn_loop(self, op: CheckLoops | NoteLoop, key: str, result: object) -> None:
         if not isinstance(result, LoopVerdict):
@@ -287,7 +297,9 @@ class OpenKeys:
                 self._failing.pop(call, None)  # the store ended every failure of the call
             elif not result.tripped:
                 if call not in self._failing and len(self._failing) >= MAX_LOOPS:
-                    self._failing.pop(next(iter(self._failing)))  # oldest: its success unseen
+                    oldest = next(iter(list(self._failing)), None)  # its success goes unnoted
+                    if oldest is not None:
+                        self._failing.pop(oldest, None)
                 self._failing[call] = (now + op.policy.failure_window, result.failures)
 
     def learn(self, op: Op[Any], key: str, result: object) -> None:
