@@ -888,12 +888,11 @@ end
 -- Announce that call c tripped (open_keys.py: every process refuses it without a round trip).
 local function announce_loop_trip(key, c, now, p)
   local prefix, marker = loop_marker(key, c.fingerprint)
-  local state = fmt(c.open_until) .. ' ' .. loop_refused(c, now, p, 0, 0)
+  local refusal = loop_refused(c, now, p, 0, 0)
   local ttl = math.max(math.ceil((c.open_until - now) * 1000), 1)
-  redis.call('SET', marker, state, 'PX', ttl)
+  redis.call('SET', marker, fmt(c.open_until) .. ' ' .. refusal, 'PX', ttl)
   redis.call('PUBLISH', prefix .. ':open-keys',
-    'l ' .. fmt(c.open_until) .. ' ' .. c.fingerprint .. ' ' .. loop_refused(c, now, p, 0, 0)
-      .. ' ' .. key)
+    'l ' .. fmt(c.open_until) .. ' ' .. c.fingerprint .. ' ' .. refusal .. ' ' .. key)
 end
 
 -- Announce that the calls were forgotten (fingerprint '' = every call): markers deleted.
