@@ -13,7 +13,8 @@ limit headers, and each uses memory or Redis storage:
   the ``Admit`` script and the failure-loop breaker's ``CheckLoops``; one script with
   ``failure_loops=None``); and on Redis in lease mode (``lease=True``: calls admitted from a
   slice of the bucket this process leases, one script call per lease of up to 100 calls; the
-  breaker's check is still a round trip per request, so lease mode is timed without it too).
+  breaker's check answered by the store's open-key view, and lease mode timed without the
+  breaker too).
 * slowapi: ``SlowAPIASGIMiddleware`` with ``default_limits=["1000000000/minute"]`` and
   ``headers_enabled=True``, on the ``limits`` memory or Redis storage (fixed window, slowapi's
   default strategy).
@@ -170,6 +171,11 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
             leases = leases_of(apps[name])
             await leases.aclose()  # the unspent tokens go back, before the client closes
             print(f"{name}: {leases.counts}")
+        view = redis_store.open_keys  # lease mode's loop checks: answered here, or sent
+        if view is not None:
+            counts = view.counts
+            print(f"loop checks answered by the open-key view: {counts.loop_local}, "
+                  f"sent to Redis: {counts.loop_round_trips}")  # fmt: skip
         print()
         await redis_store.aclose()
         await ping_client.aclose()

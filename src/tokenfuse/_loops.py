@@ -219,8 +219,9 @@ class LoopBreaker:
 
     # -- the operations: values, for a caller that runs them with others -------------------
 
-    def check_op(self, identity: Identity, call: CallName) -> CheckLoops:
-        return CheckLoops(self.fuse._key(identity), call.fingerprint, self.core)
+    def check_op(self, identity: Identity, call: CallName, local: bool = False) -> CheckLoops:
+        """``local``: the caller asks only "is this call tripped?" (``CheckLoops.local``)."""
+        return CheckLoops(self.fuse._key(identity), call.fingerprint, self.core, local)
 
     def note_op(
         self, identity: Identity, call: CallName, failed: bool, status: int, error: str
@@ -231,20 +232,33 @@ class LoopBreaker:
     # -- the steps ---------------------------------------------------------------------------
 
     def check(
-        self, identity: Identity, call: CallName, tool: str | None = None, report: bool = True
+        self,
+        identity: Identity,
+        call: CallName,
+        tool: str | None = None,
+        report: bool = True,
+        op: CheckLoops | None = None,
     ) -> tuple[Decision, LoopVerdict | None]:
         """Before the call: the decision (refused: ``error`` is a ``FailureLoop``), and the
         verdict (None when the store was not asked: failed open). ``report=False``: no
-        ``repeat_loop`` event for this call (one clients poll)."""
+        ``repeat_loop`` event for this call (one clients poll). ``op``: the check, when the
+        caller made it (``check_op``)."""
         judge = _Judge(self, call, tool, report)
-        decision = self.fuse._decide(identity, self.check_op(identity, call), judge)
+        check = op if op is not None else self.check_op(identity, call)
+        decision = self.fuse._decide(identity, check, judge)
         return decision, judge.verdict
 
     async def acheck(
-        self, identity: Identity, call: CallName, tool: str | None = None, report: bool = True
+        self,
+        identity: Identity,
+        call: CallName,
+        tool: str | None = None,
+        report: bool = True,
+        op: CheckLoops | None = None,
     ) -> tuple[Decision, LoopVerdict | None]:
         judge = _Judge(self, call, tool, report)
-        decision = await self.fuse._adecide(identity, self.check_op(identity, call), judge)
+        check = op if op is not None else self.check_op(identity, call)
+        decision = await self.fuse._adecide(identity, check, judge)
         return decision, judge.verdict
 
     def concluded(

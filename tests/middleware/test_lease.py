@@ -51,10 +51,77 @@ def test_leased_calls_get_the_direct_modes_answers(
     assert all("ratelimit" in reply.headers for reply in replies)
     # Leases of 11, 11, 11, 11 and the 6 left; the sixth renewal refused: never an Admit.
     assert (store.ran["lease"], store.ran["admit"]) == (6, 0)
-    # The failure-loop check is still a round trip of its own for each admitted call.
+    # A MemoryStore runs each admitted call's failure-loop check (in process: no round trip);
+    # a RedisStore answers it from its open-key view (below).
     assert store.ran["check_loops"] == 50
     # Every admitted call reached the velocity window, the local ones with the next renewal.
     assert fuse.status(Identity.secret(AUTH["Authorization"].split()[1])).rate == 50
+
+
+@pytest.mark.redis
+def test_lease_mode_checks_loops_without_a_round_trip_and_still_refuses_a_loop(
+    serve: Callable[..., Call], redis_url: str, prefix: str
+) -> None:
+    from tokenfuse._stores.redis import RedisStore
+
+    class CountingRedisStore(RedisStore):
+        """Counts the operations sent to Redis, by name (the open-key view's answers are
+        sent nowhere, so they are not counted)."""
+
+        ran: Counter[str]
+
+        def _result(self, op: Any, key: str, reply: Any) -> Any:
+            self.ran[op.name] += 1
+            return super()._result(op, key, reply)
+
+    store = CountingRedisStore.from_url(redis_url, prefix=prefix)
+    store.ran = Counter()
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    call = serve(fuse=fuse, closing=store, lease=LeasePolicy(size=10, lifetime=60, top_up=False))
+    view = store.open_keys
+    assert view is not None and view.wait_synced(5.0)
+
+    healthy = [call("POST", "/tools/refund", AUTH) for _ in range(20)]
+
+    assert [reply.status for reply in healthy] == [200] * 20
+    assert store.ran["check_loops"] == 0  # every check answered by the view
+    assert view.counts.loop_local == 20 and view.counts.loop_round_trips == 0
+    assert store.ran["lease"] == 2  # the leases: the only round trips before the app
+
+    # A call that keeps failing (an unknown route: 404) is still refused as a loop.
+    looping = [call("POST", "/tools/missing", AUTH) for _ in range(4)]
+
+    assert [reply.status for reply in looping] == [404, 404, 404, 429]
+    assert looping[-1].json()["type"] == "failure_loop"
+    assert store.ran["note_loop"] == 3 and store.ran["check_loops"] == 0
+    assert call("POST", "/tools/refund", AUTH).status == 200  # other calls go on
+
+
+def test_on_repeat_refuse_keeps_the_loop_check_s_round_trip_in_lease_mode(
+    serve: Callable[..., Call], clock: Clock
+) -> None:
+    """Repeats refused: every send must be counted by the store, so no local answer."""
+    from tokenfuse._transport import FailureLoopPolicy
+
+    store = CountingStore(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    refuse = FailureLoopPolicy(on_repeat="refuse", repeats=3)
+    call = serve(fuse=fuse, lease=True, failure_loops=refuse)
+    guard_ops: list[Any] = []
+    original = store.run
+
+    def run(op: Any) -> Any:
+        guard_ops.append(op)
+        return original(op)
+
+    store.run = run  # type: ignore[method-assign]
+
+    replies = [call("POST", "/tools/refund", AUTH) for _ in range(3)]
+
+    assert [reply.status for reply in replies] == [200, 200, 429]
+    assert replies[-1].json()["type"] == "repeat_loop"
+    checks = [op for op in guard_ops if op.name == "check_loops"]
+    assert len(checks) == 3 and not any(op.local for op in checks)
 
 
 def test_lease_is_off_by_default(serve: Callable[..., Call], clock: Clock) -> None:

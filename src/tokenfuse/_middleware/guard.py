@@ -76,7 +76,8 @@ class Admission:
 
     ``sent``: the check went to the store with the admission (direct mode), and ``found`` is
     its verdict (None: the store failed or was skipped; the admission's decision counted it).
-    Not sent (``lease=True``: the admission is local), the check is a round trip of its own.
+    Not sent (``lease=True``: the admission is local), the check is asked on its own: a round
+    trip, or an answer of the store's open-key view (``CheckLoops.local``, ``loops.py``).
     """
 
     decision: Decision
@@ -131,7 +132,8 @@ class InboundGuard:
             lease = options.lease if isinstance(options.lease, LeasePolicy) else LeasePolicy()
             self.leases = Leases(self.fuse, lease)
         loops = options.failure_loops
-        self.loops = InboundLoops(self.fuse, loops) if loops is not None else None
+        local = self.leases is not None  # the loop check may be answered locally too
+        self.loops = InboundLoops(self.fuse, loops, local=local) if loops is not None else None
 
     # -- per request -------------------------------------------------------------------------
 
@@ -204,14 +206,14 @@ class InboundGuard:
     ) -> tuple[LoopCall | None, Reply | None]:
         """For an admitted request: the watch of this call, or the reply refusing it as a
         loop. Decided on the verdict that came with the admission; in lease mode, asked now
-        (a round trip)."""
+        (a round trip, or the store's local view: ``loops.py``, "Round trips")."""
         loops, check = self.loops, admission.check
         if loops is None or check is None:
             return None, None
         if admission.sent:
             decision, watch = loops.concluded(plan.identity, check, admission.found)
         else:
-            decision, watch = loops.check(plan.identity, check.call)
+            decision, watch = loops.check(plan.identity, check)
         return watch, self._loop_reply(plan, decision, request)
 
     async def acheck_loops(
@@ -223,7 +225,7 @@ class InboundGuard:
         if admission.sent:
             decision, watch = loops.concluded(plan.identity, check, admission.found)
         else:
-            decision, watch = await loops.acheck(plan.identity, check.call)
+            decision, watch = await loops.acheck(plan.identity, check)
         return watch, self._loop_reply(plan, decision, request)
 
     def _loop_reply(

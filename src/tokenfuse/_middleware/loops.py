@@ -25,7 +25,12 @@ fingerprinted by its first ``BODY_LIMIT`` bytes.
 **Round trips.** The check (``CheckLoops``) goes to the store in one pipeline with the
 admission (``Admit``, ``Fuse.admit_with``): one round trip before the app, and one after it
 only for an error (or for a success that ends earlier errors). With ``lease=True`` the
-admission is local and the check is a round trip of its own. A store that fails fails the
+admission is local, and so is the check (``CheckLoops.local``) where the store keeps a view of
+the tripped calls (``RedisStore``'s open-key view, once synced: ``_stores/open_keys.py``): it
+asks only "is this call tripped?", counting no send, and a success is noted only when this
+process saw the call fail (failures counted by other processes stand until their window
+passes). With ``on_repeat="refuse"`` (sends must be counted), or while the view is not
+trusted, the check is a round trip of its own. A store that fails fails the
 pipeline once: counted once, logged, and failed open (or closed) by the fuse, as every
 decision is; the call then goes unchecked for loops.
 
@@ -117,8 +122,10 @@ class LoopCheck:
 class InboundLoops:
     """The breaker of one middleware: check a request, note its response."""
 
-    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy) -> None:
+    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy, *, local: bool = False) -> None:
         self.breaker = LoopBreaker(fuse, policy)
+        # Lease mode: the check may be answered locally, unless repeats are refused.
+        self.local = local and policy.on_repeat == "event"
 
     def prepare(
         self, identity: Identity, request: RequestView, query: Any, body: bytes | None
@@ -126,7 +133,7 @@ class InboundLoops:
         """The request's check, to send with its admission (``Fuse.admit_with``)."""
         call = self.name(request, query, body)
         started = perf_counter() if WATCHERS.decisions else 0.0
-        return LoopCheck(call, self.breaker.check_op(identity, call), started)
+        return LoopCheck(call, self.breaker.check_op(identity, call, self.local), started)
 
     def concluded(
         self, identity: Identity, check: LoopCheck, verdict: LoopVerdict | None
@@ -148,13 +155,15 @@ class InboundLoops:
         path = request.path + _query(query)
         return self.breaker.name(request.method, "", path, body, shown=request.path)
 
-    def check(self, identity: Identity, call: CallName) -> tuple[Decision, LoopCall]:
-        decision, verdict = self.breaker.check(identity, call, report=False)
-        return decision, LoopCall(identity, call, verdict)
+    def check(self, identity: Identity, check: LoopCheck) -> tuple[Decision, LoopCall]:
+        """The check on its own (lease mode): a round trip, or the store's local answer."""
+        decision, verdict = self.breaker.check(identity, check.call, report=False, op=check.op)
+        return decision, LoopCall(identity, check.call, verdict)
 
-    async def acheck(self, identity: Identity, call: CallName) -> tuple[Decision, LoopCall]:
-        decision, verdict = await self.breaker.acheck(identity, call, report=False)
-        return decision, LoopCall(identity, call, verdict)
+    async def acheck(self, identity: Identity, check: LoopCheck) -> tuple[Decision, LoopCall]:
+        breaker = self.breaker
+        decision, verdict = await breaker.acheck(identity, check.call, report=False, op=check.op)
+        return decision, LoopCall(identity, check.call, verdict)
 
     def note(self, watch: LoopCall, status: int) -> None:
         outcome = watch.outcome(status)

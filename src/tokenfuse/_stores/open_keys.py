@@ -25,6 +25,20 @@ its gates from it, as soon as it can trust it:
   The mark stays until the store's gate allows the key (or this process resets it): the
   refusals of a key this process tripped cost a round trip each, exact to the double.
 
+* **Tripped calls** (the failure-loop breaker's): ``note_loop`` announces a trip as
+  ``l <open_until> <fingerprint> <refusal> <loops key>`` with a marker
+  ``<prefix>:open-loop:{<key>}:<fingerprint>`` that expires with the cooldown, and
+  ``forget_loops`` announces ``f <fingerprint, or *> <loops key>`` (and deletes the markers).
+  A ``CheckLoops`` whose caller needs only "is this call tripped?" (``op.local``: the
+  middleware in lease mode, repeats not refused) is answered here when the view is trusted:
+  the refusal of a tripped call, else "allowed", which counts no send. A trip noted in this
+  process is marked at once. Of the failures before a success, the view knows only those this
+  process noted (``answer_loop`` returns their count, so the caller notes the success, which
+  ends them all); a call that failed only in other processes is answered with no failures, so
+  its success here is not noted, and those failures stand until their window passes.
+  At most ``MAX_LOOPS`` tripped calls are kept; beyond that, loop checks make a round trip
+  until expired ones make room.
+
 What it costs: one connection and one thread per store, a PING every ``HEARTBEAT`` seconds,
 and on each trip or reset one PUBLISH and one marker write. Ordinary decisions write nothing
 more. What it does not promise: a trip made during the last ``STALE_AFTER`` seconds before a
@@ -43,15 +57,30 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core.admission import AdmitVerdict
 from .._core.lease import LeaseVerdict
+from .._core.loops import FINGERPRINT_LENGTH, LoopVerdict
 from .._core.velocity import REASON_CODES, VelocityVerdict
-from .ops import Admit, Forgive, Gate, Lease, Op, Record, RecordBatch, Reset, ReturnLease
+from .ops import (
+    Admit,
+    CheckLoops,
+    ForgetLoops,
+    Forgive,
+    Gate,
+    Lease,
+    NoteLoop,
+    Op,
+    Record,
+    RecordBatch,
+    Reset,
+    ReturnLease,
+)
+from .redis_codec import loop_verdict_of
 
-__all__ = ["HEARTBEAT", "STALE_AFTER", "OpenKeyCounts", "OpenKeys"]
+__all__ = ["HEARTBEAT", "MAX_LOOPS", "STALE_AFTER", "OpenKeyCounts", "OpenKeys"]
 
 logger = logging.getLogger("tokenfuse")
 
@@ -64,6 +93,9 @@ RETRY_MAX = 5.0
 #: How long the server may take to confirm a subscription.
 CONFIRM_WITHIN = 2.0
 _LOG_EVERY = 60.0
+#: Tripped calls (and calls this process saw fail) the view keeps at most.
+MAX_LOOPS = 10_000
+_LOOP_FIELDS = 10  # a loop verdict, as the scripts write it
 
 # A refusal as the scripts write it: '0 0 <reason> <rate> <limit> <baseline> <multiple>
 # <retry_after> <window>'; the view keeps all but allowed, tripped and retry_after.
@@ -83,6 +115,8 @@ class OpenKeyCounts:
     round_trips: int = 0  # gates left to the store: view not trusted, or no refusal known
     syncs: int = 0  # times the view became trusted (subscribed, then markers read)
     lost: int = 0  # subscriptions lost (connection broken, silence, re-subscription)
+    loop_local: int = 0  # loop checks answered from the view (refused or allowed)
+    loop_round_trips: int = 0  # loop checks left to the store: view not trusted, or full
 
 
 def _maybe(text: str) -> float | None:
@@ -141,6 +175,14 @@ class OpenKeys:
         self.counts = OpenKeyCounts()
         # key -> (until, refusal or None: open, ask the store for the refusal)
         self._open: dict[str, tuple[float, Refusal | None]] = {}
+        # (loops key, fingerprint) -> (until, the check's refusal): the tripped calls
+        self._loops: dict[tuple[str, str], tuple[float, LoopVerdict]] = {}
+        self._loops_full = False
+        self._next_room = 0.0  # monotonic time of the next look for room, while full
+        # (loops key, fingerprint) -> (until, failures): calls this process saw fail
+        self._failing: dict[tuple[str, str], tuple[float, float]] = {}
+        self._loop_markers = f"{_glob_escape(prefix)}:open-loop:*"
+        self._loop_marker_start = len(prefix) + len(":open-loop:")
         self._trusted = False
         self._heard = float("-inf")  # monotonic time of the last message or pong
         self._thread: threading.Thread | None = None
@@ -185,6 +227,81 @@ class OpenKeys:
         self.counts.local += 1
         return VelocityVerdict(allowed=True)
 
+    def answer_loop(self, key: str, fingerprint: str) -> LoopVerdict | None:
+        """A ``CheckLoops`` for the call ``fingerprint`` of the loop string ``key`` from the
+        view: its refusal while tripped, else allowed (no send counted; ``failures``: those
+        this process saw), or None: ask the store (the view is not trusted, or full)."""
+        if not self.trusted or (self._loops_full and not self._room_again()):
+            self.start()
+            self.counts.loop_round_trips += 1
+            return None
+        call = (key, fingerprint)
+        now = self._now()
+        self.counts.loop_local += 1
+        entry = self._loops.get(call)
+        if entry is not None:
+            until, refusal = entry
+            if until > now:
+                return replace(refusal, retry_after=until - now)
+            self._loops.pop(call, None)
+        seen = self._failing.get(call)
+        if seen is not None and seen[0] <= now:
+            self._failing.pop(call, None)
+            seen = None
+        return LoopVerdict(failures=seen[1] if seen is not None else 0.0)
+
+    def _room_again(self) -> bool:
+        """While full: look for room (expired calls) at most once a second."""
+        now = time.monotonic()
+        if now < self._next_room:
+            return False
+        self._next_room = now + 1.0
+        return self._loop_room()
+
+    def _loop_room(self) -> bool:
+        """Drop the expired tripped calls; whether there is room again."""
+        now = self._now()
+        for call, (until, _) in list(self._loops.items()):
+            if until <= now:
+                self._loops.pop(call, None)
+        self._loops_full = len(self._loops) >= MAX_LOOPS
+        return not self._loops_full
+
+    def _tripped(self, call: tuple[str, str], until: float, refusal: LoopVerdict) -> None:
+        if call not in self._loops and len(self._loops) >= MAX_LOOPS and not self._loop_room():
+            return  # full: loop checks make a round trip until there is room (_loops_full)
+        self._loops[call] = (until, refusal)
+
+    def _forget_loops(self, key: str, fingerprint: str) -> None:
+        """Forget one call (``fingerprint``) of ``key``, or all of them (``""``)."""
+        for calls in (self._loops, self._failing):
+            if fingerprint:
+                calls.pop((key, fingerprint), None)
+            else:
+                for call in list(calls):  # a copy: request threads change the dicts too
+                    if call[0] == key:
+                        calls.pop(call, None)
+
+    def _learn_loop(self, op: CheckLoops | NoteLoop, key: str, result: object) -> None:
+        if not isinstance(result, LoopVerdict):
+            return
+        call = (key, op.fingerprint)
+        now = self._now()
+        if result.tripped or (not result.allowed and result.reason == "failure_loop"):
+            refusal = replace(result, allowed=False, tripped=False, retry_after=0.0)
+            self._tripped(call, now + result.retry_after, refusal)
+        elif result.allowed and type(op) is CheckLoops:
+            self._loops.pop(call, None)  # the cooldown ran out, or another process forgot it
+        if type(op) is NoteLoop:
+            if not op.failed:
+                self._failing.pop(call, None)  # the store ended every failure of the call
+            elif not result.tripped:
+                if call not in self._failing and len(self._failing) >= MAX_LOOPS:
+                    oldest = next(iter(list(self._failing)), None)  # its success goes unnoted
+                    if oldest is not None:
+                        self._failing.pop(oldest, None)
+                self._failing[call] = (now + op.policy.failure_window, result.failures)
+
     def learn(self, op: Op[Any], key: str, result: object) -> None:
         """What a decision of this process, made by the store, tells the view.
 
@@ -211,6 +328,10 @@ class OpenKeys:
                     self._open[key] = (float("inf"), None)
         elif kind is Reset or kind is Forgive:
             self._open.pop(key, None)
+        elif kind is CheckLoops or kind is NoteLoop:
+            self._learn_loop(op, key, result)  # type: ignore[arg-type]
+        elif kind is ForgetLoops:
+            self._forget_loops(key, op.fingerprint)  # type: ignore[attr-defined]
 
     # -- the subscriber thread -------------------------------------------------------------------
 
@@ -305,6 +426,15 @@ class OpenKeys:
                 self._opened(key, float(fields[0]), fields[1:-1])
         elif kind == "c" and self._announced(rest):
             self._open.pop(rest, None)
+        elif kind == "l":
+            # '<open_until> <fingerprint> <the check's refusal: 10 fields> <loops key>'
+            fields = rest.split(" ", _LOOP_FIELDS + 2)
+            if len(fields) == _LOOP_FIELDS + 3:
+                key = fields[-1]
+                self._loop_opened(key, fields[1], float(fields[0]), " ".join(fields[2:-1]))
+        elif kind == "f":
+            fingerprint, _, key = rest.partition(" ")
+            self._forget_loops(key, "" if fingerprint == "*" else fingerprint)
         for listener in self.listeners:
             try:
                 listener(kind, key)
@@ -326,13 +456,22 @@ class OpenKeys:
         if self._announced(key):
             self._open[key] = (until, _refusal(refusal))
 
+    def _loop_opened(self, key: str, fingerprint: str, open_until: float, text: str) -> None:
+        refusal = loop_verdict_of(text)
+        # as _opened: the store's clock frame, or the time left from now on this host's clock
+        until = open_until if self._clock is not None else self._now() + refusal.retry_after
+        self._tripped((key, fingerprint), until, replace(refusal, retry_after=0.0))
+
     def _sync(self, client: Any) -> None:
         """Read every marker (SCAN on every primary), then trust the view."""
         self._trusted = False
         found: dict[str, tuple[float, Refusal | None]] = {}
         server_now = None if self._clock is not None else _server_time(client)
+        tripped_before = set(self._loops)  # a trip this process marks meanwhile stays
         names = list(client.scan_iter(match=self._markers, count=1000))
         values = _values(client, names)
+        loop_names = list(client.scan_iter(match=self._loop_markers, count=1000))
+        loop_values = _values(client, loop_names)
         now = self._now()
         for name, value in zip(names, values, strict=True):
             if value is None:
@@ -353,12 +492,39 @@ class OpenKeys:
             if refusal is not None and key not in found:
                 self._open.pop(key, None)
         self._open.update(found)
+        self._sync_loops(loop_names, loop_values, tripped_before, server_now, now)
         self._heard = time.monotonic()
         self._trusted = True
         self.counts.syncs += 1
         self._synced.set()
         self._notify()
         logger.debug("tokenfuse: open-key view of %r synced (%d open)", self._prefix, len(found))
+
+    def _sync_loops(
+        self,
+        names: list[Any],
+        values: list[Any],
+        tripped_before: set[tuple[str, str]],
+        server_now: float | None,
+        now: float,
+    ) -> None:
+        """The tripped calls are what the markers say (plus this process's trips meanwhile)."""
+        found: dict[tuple[str, str], tuple[float, LoopVerdict]] = {}
+        for name, value in zip(names, values, strict=True):
+            if value is None:
+                continue
+            open_until, _, text = _text(value).partition(" ")
+            until = float(open_until)
+            until = until if server_now is None else now + (until - server_now)
+            tagged = _text(name)[self._loop_marker_start :]  # '{<key>}:<fingerprint>'
+            fingerprint = tagged[-FINGERPRINT_LENGTH:]
+            key = f"{self._prefix}:loops:{tagged[: -FINGERPRINT_LENGTH - 1]}"
+            if until > now:
+                found[(key, fingerprint)] = (until, replace(loop_verdict_of(text), retry_after=0.0))
+        for call in tripped_before - found.keys():
+            self._loops.pop(call, None)
+        for call, (until, refusal) in found.items():
+            self._tripped(call, until, refusal)
 
     def _lose(self, exc: BaseException) -> None:
         if self._stop.is_set():

@@ -264,6 +264,11 @@ class CheckLoops(Op[LoopVerdict]):
     key: str
     fingerprint: str
     policy: LoopPolicy
+    local: bool = False
+    """The caller needs only "is this call tripped?" (it reports no repeats), so a store that
+    keeps a local view of the tripped calls (``RedisStore``: ``open_keys``) may answer without
+    a round trip, counting no send. Set by the middleware in lease mode with
+    ``on_repeat="event"``; other stores ignore it."""
 
 
 @dataclass(slots=True)

@@ -21,7 +21,9 @@ default 14 days).
 **Gates without a round trip.** By default the store keeps a local view of the open keys
 (``open_keys``: a subscriber thread, started at the first gate, that every trip and reset
 anywhere reaches at once) and answers gates from it once it is synced; until then, and
-whenever the subscription is down, a gate is one EVALSHA as before. ``open_keys=False``
+whenever the subscription is down, a gate is one EVALSHA as before. A loop check that
+allows it (``CheckLoops.local``) is answered from the same view's tripped calls.
+``open_keys=False``
 turns it off. A store over an asyncio client alone has no view (it needs a sync client).
 
 **Errors.** Every redis-py error becomes ``StoreUnavailable`` at one boundary
@@ -39,7 +41,7 @@ from redis.exceptions import NoScriptError
 from .._errors import ConfigurationError
 from . import redis_listing
 from .open_keys import OpenKeys
-from .ops import Gate, ListKeys, Op
+from .ops import CheckLoops, Gate, ListKeys, Op
 from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable, script_shas
 from .redis_codec import CODECS, Args
 from .redis_events import RedisEventLog
@@ -241,12 +243,17 @@ class RedisStore:
         return [self._result(*each) for each in zip(ops, keys, replies, strict=True)]
 
     def _known(self, op: Op[R]) -> tuple[str, R | None]:
-        """The operation's Redis key, and its result if the open-key view knows it (a gate)."""
+        """The operation's Redis key, and its result if the open-key view knows it (a gate, or
+        a loop check whose caller allows it: ``CheckLoops.local``)."""
         key = CODECS[type(op)].key(self.prefix, op.key)
         view = self.open_keys
-        if view is not None and type(op) is Gate:
-            known: Any = view.answer(key)  # a Gate's result is a VelocityVerdict
-            return key, known
+        if view is not None:
+            kind = type(op)
+            if kind is Gate:
+                known: Any = view.answer(key)  # a Gate's result is a VelocityVerdict
+                return key, known
+            if kind is CheckLoops and cast(CheckLoops, op).local:
+                return key, cast(R, view.answer_loop(key, cast(CheckLoops, op).fingerprint))
         return key, None
 
     def _args(self, op: Op[Any]) -> Args:

@@ -76,6 +76,7 @@ __all__ = [
     "bucket_state",
     "key_of",
     "loop_state",
+    "loop_verdict_of",
     "loops_key_of",
     "run_state",
     "states_of",
@@ -456,6 +457,12 @@ def _status(op: ReadStatus, reply: Sequence[Any]) -> Status:
 
 
 def _loop_verdict(op: CheckLoops | NoteLoop, reply: bytes | str) -> LoopVerdict:
+    return loop_verdict_of(reply)
+
+
+def loop_verdict_of(reply: bytes | str) -> LoopVerdict:
+    """A ``LoopVerdict`` from the scripts' 10 fields ('allowed reason tripped repeated count
+    window retry_after failures status error'): a reply, or a trip's announcement."""
     allowed, reason, tripped, repeated, count, window, retry_after, failures, status, error = (
         reply.split()
     )

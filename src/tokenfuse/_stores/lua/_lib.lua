@@ -720,6 +720,12 @@ end
 --   * keeps a marker '<prefix>:open:{<key>}' = '<open_until> <refusal>' while the key is open
 --     (PX: it expires with the latch; same hash tag, so same slot as the key): a process
 --     that subscribes later finds the open keys with one SCAN.
+-- The failure-loop breaker announces its trips on the same channel, keyed by the identity's
+-- loop string '<prefix>:loops:{<key>}' (below, "The failure-loop breaker"):
+--       'l <open_until> <fingerprint> <the check's refusal: 10 fields> <loops key>'   tripped
+--       'f <fingerprint, or * for every call> <loops key>'                forgotten (forget_loops)
+--   with a marker '<prefix>:open-loop:{<key>}:<fingerprint>' = '<open_until> <refusal>' that
+--   expires with the cooldown (forget_loops deletes it).
 
 local function split_key(key) -- '<prefix>:{<key>}' -> prefix, '{<key>}'
   local prefix, tagged = string.match(key, '^(.-):({.*)$')
@@ -874,6 +880,33 @@ local function loop_refused(c, now, p, allowed, tripped)
     c.open_until - now, c.failures, c.status, c.error)
 end
 
+local function loop_marker(key, fingerprint) -- '<prefix>:loops:{<key>}' -> its trip's marker
+  local prefix, tagged = string.match(key, '^(.-):loops:({.*)$')
+  return prefix, prefix .. ':open-loop:' .. tagged .. ':' .. fingerprint
+end
+
+-- Announce that call c tripped (open_keys.py: every process refuses it without a round trip).
+local function announce_loop_trip(key, c, now, p)
+  local prefix, marker = loop_marker(key, c.fingerprint)
+  local refusal = loop_refused(c, now, p, 0, 0)
+  local ttl = math.max(math.ceil((c.open_until - now) * 1000), 1)
+  redis.call('SET', marker, fmt(c.open_until) .. ' ' .. refusal, 'PX', ttl)
+  redis.call('PUBLISH', prefix .. ':open-keys',
+    'l ' .. fmt(c.open_until) .. ' ' .. c.fingerprint .. ' ' .. refusal .. ' ' .. key)
+end
+
+-- Announce that the calls were forgotten (fingerprint '' = every call): markers deleted.
+local function announce_loops_forgotten(key, calls, fingerprint)
+  local prefix = loop_marker(key, '')
+  for _, c in ipairs(calls) do
+    if c.open_until > 0 and (fingerprint == '' or c.fingerprint == fingerprint) then
+      redis.call('DEL', select(2, loop_marker(key, c.fingerprint)))
+    end
+  end
+  if fingerprint == '' then fingerprint = '*' end
+  redis.call('PUBLISH', prefix .. ':open-keys', 'f ' .. fingerprint .. ' ' .. key)
+end
+
 local function check_loop(calls, fingerprint, now, p)
   local c = loop_call(calls, fingerprint, now, p)
   c.last_seen = now
@@ -920,6 +953,7 @@ local function note_loop(calls, fingerprint, failed, status, err, now, p)
     end
     c.last_trip = now
     c.open_until = now + math.min(p.cooldown * 2 ^ c.strikes, p.cooldown_max)
+    announce_loop_trip(KEYS[1], c, now, p)
     return loop_refused(c, now, p, 1, 1)
   end
   return loop_verdict(1, 0, 0, 0, c.failures, p.failure_window, 0.0, c.failures, status, err)

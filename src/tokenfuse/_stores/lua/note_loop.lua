@@ -14,6 +14,8 @@ ARGV[7]  the failure's type: at most 32 characters, no spaces ('' when unknown)
 Calls TIME (unless ARGV[1] is given), GET, and SET ... PX (DEL when no call is left): the
 string lives an hour past its last call's end, at most the ttl.
 
+A trip is announced (_lib.lua, "Announcements"): a marker and a PUBLISH.
+
 Returns the verdict as check_loops.lua does.
 --]]
 
