@@ -5,10 +5,13 @@
 Three subagent threads (a researcher, a writer, a reviewer) share the run the orchestrator
 opened with ``tokenfuse.run``: every LLM call each one makes reserves its estimate against the
 run before it is sent and settles with its real usage after, so together they cannot pass the
-budget, however their calls interleave. The threads are started with
-``contextvars.copy_context()``, which is how a thread inherits the run. A fake LLM (an httpx
-MockTransport answering like OpenAI's chat completions) sits behind ``FuseTransport`` on the
-embedded store; dollars come from a price table of the example's own.
+budget, however their calls interleave. A fourth (a fixer) is stuck: its tool fails, and the
+model asks for the same tool call with the same arguments again and again. Each call is cheap,
+so no budget or rate notices; the failure-loop breaker reads the conversation and refuses it.
+The threads are started with ``contextvars.copy_context()``, which is how a thread inherits
+the run. A fake LLM (an httpx MockTransport answering like OpenAI's chat completions) sits
+behind ``FuseTransport`` on the embedded store; dollars come from a price table of the
+example's own.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 import httpx
 
 import tokenfuse
-from tokenfuse import BudgetExceeded, Fuse, FuseTransport, MemoryStore
+from tokenfuse import BudgetExceeded, FailureLoop, Fuse, FuseTransport, MemoryStore
 from tokenfuse.guards import Price, set_prices
 
 URL = "https://api.openai.com/v1/chat/completions"
@@ -77,6 +80,34 @@ class Subagent:
             self.done += 1
 
 
+PATCH = {"name": "apply_patch", "arguments": json.dumps({"file": "app.py", "line": 42})}
+
+
+class StuckSubagent(Subagent):
+    """Asks the model to fix a bug; the model calls ``apply_patch``, the tool fails, and the
+    model asks for the very same call again: a loop no single call reveals."""
+
+    def __call__(self) -> None:
+        messages: list[dict[str, object]] = [{"role": "user", "content": "Fix the failing test."}]
+        for step in range(self.steps):
+            body = {"model": MODEL, "max_tokens": self.max_tokens, "messages": messages}
+            try:
+                self.client.post(URL, content=json.dumps(body))
+            except FailureLoop as exc:  # refused before it was sent
+                self.stopped_by = f"the failure-loop breaker: {exc}"
+                return
+            except BudgetExceeded as exc:
+                self.stopped_by = f"the run budget: {exc}"
+                return
+            self.done += 1
+            call_id = f"call_{step}"  # the model's answer: the same tool call, once more
+            tool_call = {"id": call_id, "type": "function", "function": PATCH}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [tool_call]})
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": "Error: hunk 1 FAILED"}
+            )
+
+
 def main() -> None:
     # tokenfuse reports events (budget_near, budget_exceeded) on the "tokenfuse" logger too.
     log = logging.StreamHandler(sys.stdout)
@@ -85,11 +116,10 @@ def main() -> None:
     fuse = Fuse(MemoryStore())
     client = httpx.Client(transport=FuseTransport(httpx.MockTransport(fake_llm), fuse=fuse))
     agents = [
+        StuckSubagent("fixer", client, steps=20, max_tokens=200),  # starts first: its loop
         Subagent("researcher", client, steps=12, max_tokens=2_000),
         Subagent("writer", client, steps=10, max_tokens=3_000),
         Subagent("reviewer", client, steps=8, max_tokens=1_000),
-        # -- the failure-loop breaker's subagent goes here: a subagent stuck calling a failing
-        # -- tool with the same arguments, stopped by the breaker, not by the budget.
     ]
     print("orchestrator: run 'report-42' with a budget of 40,000 tokens and $0.30")
     with tokenfuse.run("report-42", tokens=40_000, usd=0.30, fuse=fuse) as run:

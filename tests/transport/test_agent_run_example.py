@@ -1,4 +1,5 @@
-"""The run-budget example runs as it is: its subagents share one budget and stay within it."""
+"""The agent-run example runs as it is: its subagents share one budget and stay within it, and
+the one stuck in a failing tool loop is stopped by the failure-loop breaker."""
 
 from __future__ import annotations
 
@@ -22,3 +23,6 @@ def test_the_agent_run_example_stops_its_subagents_within_the_budget() -> None:
     assert 30_000 < float(spent.group(1).replace(",", "")) <= 40_000
     assert float(spent.group(2)) <= 0.30
     assert "within budget: True" in out
+    # the stuck subagent: three failing tool calls answered, the fourth request refused
+    fixer = "fixer: 3 of 20 calls made, stopped by the failure-loop breaker: tool-call loop"
+    assert fixer in out
