@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -32,6 +33,24 @@ def deployment_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     """One secret for every process (``TOKENFUSE_SECRET``): ``Identity.key_id`` is then the
     id the fuses show."""
     monkeypatch.setenv("TOKENFUSE_SECRET", "event-log-tests-secret-0123456789")
+
+
+@pytest.fixture(autouse=True)
+def closing_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every store a test builds is closed after it: its sockets are not left for the
+    collector to report in some later test."""
+    opened: list[RedisStore] = []
+    build = RedisStore.from_url
+
+    def from_url(*args: Any, **options: Any) -> RedisStore:
+        store = build(*args, **options)
+        opened.append(store)
+        return store
+
+    monkeypatch.setattr(RedisStore, "from_url", from_url)
+    yield
+    for store in opened:
+        store.close()
 
 
 @pytest.fixture
