@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Literal
 
 from ._core.loops import LoopPolicy, LoopVerdict, fingerprint
@@ -30,7 +31,14 @@ from ._identity import Identity
 from ._observe import WATCHERS, decided
 from ._stores.ops import CheckLoops, ForgetLoops, NoteLoop
 
-__all__ = ["CallName", "FailureLoopPolicy", "LoopBreaker", "aforget_loops", "forget_loops"]
+__all__ = [
+    "CallName",
+    "FailureLoopPolicy",
+    "LoopBreaker",
+    "LoopCheck",
+    "aforget_loops",
+    "forget_loops",
+]
 
 OnRepeat = Literal["event", "refuse"]
 
@@ -193,6 +201,19 @@ class _Judge:
         )
 
 
+class LoopCheck:
+    """A call's failure-loop check, prepared to go in one pipeline with the caller's other
+    steps: the transport's gate (``Fuse.gate_with``), the middleware's admission
+    (``Fuse.admit_with``). Made by ``LoopBreaker.prepare``, decided by ``concluded``."""
+
+    __slots__ = ("call", "op", "started")
+
+    def __init__(self, call: CallName, op: CheckLoops, started: float) -> None:
+        self.call = call
+        self.op = op
+        self.started = started  # for the decision's duration metric (0: nobody watches)
+
+
 class LoopBreaker:
     """The breaker's steps for one fuse and policy (the transport's and the middleware's)."""
 
@@ -261,21 +282,18 @@ class LoopBreaker:
         decision = await self.fuse._adecide(identity, check, judge)
         return decision, judge.verdict
 
+    def prepare(self, identity: Identity, call: CallName, local: bool = False) -> LoopCheck:
+        """The call's check, to run with the caller's other steps (``concluded`` decides)."""
+        started = perf_counter() if WATCHERS.decisions else 0.0
+        return LoopCheck(call, self.check_op(identity, call, local), started)
+
     def concluded(
-        self,
-        identity: Identity,
-        call: CallName,
-        op: CheckLoops,
-        verdict: Any,
-        started: float,
-        report: bool = True,
+        self, identity: Identity, check: LoopCheck, verdict: Any, report: bool = True
     ) -> Decision:
-        """``check``'s decision on the verdict of ``op`` run in a pipeline shared with other
-        steps (the transport sends it with its gate: ``Fuse.gate_with``; the middleware with
-        its admission: ``Fuse.admit_with``); ``started``: when the check began, for the
-        decision metric (0: nobody watches); ``report``: as ``check``'s."""
-        judge = _Judge(self, call, None, report)
-        return self.fuse._conclude(identity, op, judge, verdict, started)
+        """``check``'s decision on the verdict its op got in the shared pipeline; ``report``:
+        as ``check``'s."""
+        judge = _Judge(self, check.call, None, report)
+        return self.fuse._conclude(identity, check.op, judge, verdict, check.started)
 
     def note(
         self, identity: Identity, call: CallName, failed: bool, status: int = 0, error: str = ""

@@ -20,13 +20,14 @@ from .._errors import ConfigurationError, FuseTripped, StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
 from .._leases import Leases
+from .._loops import LoopCheck
 from .._settings import current as current_settings
 from .._stores.ops import Op
 from .._throttle import Throttle
 from .clients import ClientAddress
 from .defaults import default_inbound_fuse
 from .identify import ANONYMOUS, bearer_or_api_key
-from .loops import InboundLoops, LoopCall, LoopCheck
+from .loops import InboundLoops, LoopCall
 from .options import InboundOptions, cost_rule, exclude_rule, identify_rule, tiers_rule
 from .reply import Headers, Reply, delay_seconds, rate_limit_headers, refused
 from .report import DECISION_KEY, REPORT_KEY, Report

@@ -49,7 +49,6 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Iterable
-from time import perf_counter
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -57,13 +56,11 @@ from .._core.loops import LoopVerdict
 from .._errors import StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
-from .._loops import CallName, FailureLoopPolicy, LoopBreaker
-from .._observe import WATCHERS
-from .._stores.ops import CheckLoops
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck
 from .mcp.body import Receive, read_body
 from .request import RequestView
 
-__all__ = ["BODY_LIMIT", "InboundLoops", "LoopCall", "LoopCheck", "is_failure", "read_wsgi_body"]
+__all__ = ["BODY_LIMIT", "InboundLoops", "LoopCall", "is_failure", "read_wsgi_body"]
 
 logger = logging.getLogger("tokenfuse.middleware")
 
@@ -107,18 +104,6 @@ class LoopCall:
         return failed, status
 
 
-class LoopCheck:
-    """A request's failure-loop check, prepared to go with its admission
-    (``InboundLoops.prepare``)."""
-
-    __slots__ = ("call", "op", "started")
-
-    def __init__(self, call: CallName, op: CheckLoops, started: float) -> None:
-        self.call = call
-        self.op = op
-        self.started = started  # for the decision's duration metric (0: nobody watches)
-
-
 class InboundLoops:
     """The breaker of one middleware: check a request, note its response."""
 
@@ -131,9 +116,7 @@ class InboundLoops:
         self, identity: Identity, request: RequestView, query: Any, body: bytes | None
     ) -> LoopCheck:
         """The request's check, to send with its admission (``Fuse.admit_with``)."""
-        call = self.name(request, query, body)
-        started = perf_counter() if WATCHERS.decisions else 0.0
-        return LoopCheck(call, self.breaker.check_op(identity, call, self.local), started)
+        return self.breaker.prepare(identity, self.name(request, query, body), self.local)
 
     def concluded(
         self, identity: Identity, check: LoopCheck, verdict: LoopVerdict | None
@@ -143,10 +126,7 @@ class InboundLoops:
         unchecked), and the watch of the call."""
         if verdict is None:
             return None, LoopCall(identity, check.call, None)
-        breaker = self.breaker
-        decision = breaker.concluded(
-            identity, check.call, check.op, verdict, check.started, report=False
-        )
+        decision = self.breaker.concluded(identity, check, verdict, report=False)
         return decision, LoopCall(identity, check.call, verdict)
 
     def name(self, request: RequestView, query: Any, body: bytes | None) -> CallName:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from time import perf_counter
 from typing import Any
 
 from .._core.loops import LoopVerdict, parsed_body
@@ -32,15 +31,13 @@ from .._core.tool_history import tool_calls, tool_loop
 from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
-from .._loops import CallName, FailureLoopPolicy, LoopBreaker
-from .._observe import WATCHERS
-from .._stores.ops import CheckLoops
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck
 from .compat import Flavor
 from .refusal import Gatekeeper
 from .stream import _of_library
 from .usage_option import sent_body
 
-__all__ = ["LoopCheck", "LoopStep", "LoopWatch", "failure_of"]
+__all__ = ["LoopStep", "LoopWatch", "failure_of"]
 
 #: Statuses that are no failure of the call (``after``).
 _NOT_FAILURES = frozenset({429})
@@ -190,20 +187,6 @@ def _watch(
     return LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
 
 
-class LoopCheck:
-    """A call's failure-loop check, prepared to go with the gate (``LoopStep.prepare``)."""
-
-    __slots__ = ("call", "op", "started")
-
-    def __init__(self, call: CallName, op: CheckLoops, started: float) -> None:
-        self.call = call
-        self.op = op
-        self.started = started  # for the decision's duration metric (0: nobody watches)
-
-    def ops(self) -> tuple[CheckLoops]:
-        return (self.op,)
-
-
 class LoopStep:
     """The transport's failure-loop step (None policy: a step that does nothing)."""
 
@@ -251,8 +234,7 @@ class LoopStep:
             return None
         call, parsed = named
         self._tool_loop(identity, call, parsed, request)
-        started = perf_counter() if WATCHERS.decisions else 0.0
-        return LoopCheck(call, self.breaker.check_op(identity, call), started)
+        return self.breaker.prepare(identity, call)
 
     def conclude(
         self, identity: Identity, check: LoopCheck | None, found: Any, request: Any
@@ -264,32 +246,9 @@ class LoopStep:
             return None
         if found is None:
             return _watch(identity, check.call, None, request)
-        decision = self.breaker.concluded(identity, check.call, check.op, found, check.started)
+        decision = self.breaker.concluded(identity, check, found)
         self._gate.check(decision, request)
         return _watch(identity, check.call, found, request)
-
-    def before(self, identity: Identity, request: Any) -> LoopWatch | None:
-        """Refuse a looping call (raises its ``FailureLoop``); else the watch of the call.
-        With a round trip of its own: the transport sends the check with its gate
-        (``prepare``, ``conclude``)."""
-        named = self._name(request)
-        if named is None or self.breaker is None:
-            return None
-        call, parsed = named
-        self._tool_loop(identity, call, parsed, request)
-        decision, verdict = self.breaker.check(identity, call)
-        self._gate.check(decision, request)
-        return _watch(identity, call, verdict, request)
-
-    async def abefore(self, identity: Identity, request: Any) -> LoopWatch | None:
-        named = self._name(request)
-        if named is None or self.breaker is None:
-            return None
-        call, parsed = named
-        self._tool_loop(identity, call, parsed, request)
-        decision, verdict = await self.breaker.acheck(identity, call)
-        self._gate.check(decision, request)
-        return _watch(identity, call, verdict, request)
 
     # -- after the response -------------------------------------------------------------------
 

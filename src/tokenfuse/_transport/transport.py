@@ -222,7 +222,7 @@ class FuseTransport(_SyncBase):
         # (budget_step) and the failure-loop check (loop_step). A refusing gate releases the
         # reservations; a refusing loop check, or a send that raises, releases them here.
         check = self._loops.prepare(identity, request)
-        also = check.ops() if check is not None else ()
+        also = (check.op,) if check is not None else ()
         gate, hold, found = self._budget.gate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
         try:
@@ -350,7 +350,7 @@ class AsyncFuseTransport(_AsyncBase):
         identity = self._identify(request)
         # One round trip before sending, as in FuseTransport.handle_request.
         check = self._loops.prepare(identity, request)
-        also = check.ops() if check is not None else ()
+        also = (check.op,) if check is not None else ()
         gate, hold, found = await self._budget.agate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
         try:
