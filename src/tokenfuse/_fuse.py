@@ -575,7 +575,10 @@ class Fuse:
         decide: Callable[[Identity, T], Decision],
     ) -> tuple[Decision, list[Any] | None]:
         """``_decide`` of ``op`` with ``ops`` after it in one pipeline; their results (None:
-        the store failed, and ``op``'s decision says so)."""
+        the store failed, and ``op``'s decision says so). No ``ops``: ``op`` alone, as
+        ``_decide`` runs it (a gate the open-key view answers costs no round trip)."""
+        if not ops:
+            return self._decide(identity, op, decide), None
         store = self._sync()
         started = perf_counter() if WATCHERS.decisions else 0.0
         outcome: T | Exception | None = None
@@ -597,6 +600,8 @@ class Fuse:
         ops: Sequence[Op[Any]],
         decide: Callable[[Identity, T], Decision],
     ) -> tuple[Decision, list[Any] | None]:
+        if not ops:
+            return await self._adecide(identity, op, decide), None
         store = self._async()
         started = perf_counter() if WATCHERS.decisions else 0.0
         outcome: T | Exception | None = None

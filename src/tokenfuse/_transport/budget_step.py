@@ -144,7 +144,7 @@ class BudgetStep:
         the gate's decision has counted that)."""
         hold = self._hold(request)
         if hold is None or not hold.tokens:
-            decision, found = self._gate_with(identity, also)
+            decision, found = self.fuse.gate_with(identity, also)
             return decision, hold, found
         gate: Decision | None = None
         also_found: list[Any] | None = None
@@ -158,7 +158,7 @@ class BudgetStep:
                 found = group.fuse.run_guarded(ops)
             results.append(found)
         if gate is None:
-            gate, also_found = self._gate_with(identity, also)
+            gate, also_found = self.fuse.gate_with(identity, also)
         refusal, releases = self._verdict(hold, gate, results)
         for fuse, ops in releases:
             fuse.run_guarded(ops)
@@ -170,7 +170,7 @@ class BudgetStep:
     ) -> tuple[Decision, Hold | None, list[Any] | None]:
         hold = self._hold(request)
         if hold is None or not hold.tokens:
-            decision, found = await self._agate_with(identity, also)
+            decision, found = await self.fuse.agate_with(identity, also)
             return decision, hold, found
         gate: Decision | None = None
         also_found: list[Any] | None = None
@@ -184,26 +184,12 @@ class BudgetStep:
                 found = await group.fuse.arun_guarded(ops)
             results.append(found)
         if gate is None:
-            gate, also_found = await self._agate_with(identity, also)
+            gate, also_found = await self.fuse.agate_with(identity, also)
         refusal, releases = self._verdict(hold, gate, results)
         for fuse, ops in releases:
             await fuse.arun_guarded(ops)
         self._refuse(refusal, request)
         return gate, hold, also_found
-
-    def _gate_with(
-        self, identity: Identity, also: Sequence[Op[Any]]
-    ) -> tuple[Decision, list[Any] | None]:
-        if not also:
-            return self.fuse.gate(identity), None
-        return self.fuse.gate_with(identity, also)
-
-    async def _agate_with(
-        self, identity: Identity, also: Sequence[Op[Any]]
-    ) -> tuple[Decision, list[Any] | None]:
-        if not also:
-            return await self.fuse.agate(identity), None
-        return await self.fuse.agate_with(identity, also)
 
     def _verdict(
         self, hold: Hold, gate: Decision, results: list[list[Any] | None]
