@@ -170,14 +170,20 @@ def test_an_untrusted_view_sends_the_check_to_the_store(
         refused = b.run(check())
         assert not refused.allowed and refused.count == 3.0
         assert view.counts.loop_round_trips == 1 and view.counts.loop_local == 0
-        # A view whose subscription is gone (closed): the store answers, and writes the string.
+        # A view whose subscription is gone (closed): the store answers, counting no send
+        # and writing nothing, as the view would (the send is counted by the note after it).
         assert view.wait_synced(WAIT)
         view.close()
         clock.advance(61)  # the cooldown is over
+        before = client.get(loops)
         assert b.run(check()).allowed
         assert view.counts.loop_round_trips == 2
+        assert client.get(loops) == before
+        b.run(NoteLoop(KEY, CALL, POLICY, False, send=True))
         state = loop_state(client.get(loops))
-        assert [c.last_seen for c in state.calls if c.fingerprint == CALL] == [clock.now]
+        assert [(c.last_seen, c.sends) for c in state.calls if c.fingerprint == CALL] == [
+            (clock.now, 1.0)
+        ]
     finally:
         a.close()
         b.close()

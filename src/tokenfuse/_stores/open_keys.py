@@ -72,6 +72,7 @@ from .ops import (
     Gate,
     Lease,
     NoteLoop,
+    NoteLoopBatch,
     Op,
     Record,
     RecordBatch,
@@ -293,9 +294,9 @@ class OpenKeys:
         elif result.allowed and type(op) is CheckLoops:
             self._loops.pop(call, None)  # the cooldown ran out, or another process forgot it
         if type(op) is NoteLoop:
-            if not op.failed:
+            if op.failed is False:
                 self._failing.pop(call, None)  # the store ended every failure of the call
-            elif not result.tripped:
+            elif op.failed and not result.tripped:
                 if call not in self._failing and len(self._failing) >= MAX_LOOPS:
                     oldest = next(iter(list(self._failing)), None)  # its success goes unnoted
                     if oldest is not None:
@@ -330,6 +331,9 @@ class OpenKeys:
             self._open.pop(key, None)
         elif kind is CheckLoops or kind is NoteLoop:
             self._learn_loop(op, key, result)  # type: ignore[arg-type]
+        elif kind is NoteLoopBatch and isinstance(result, list):
+            for note, verdict in zip(op.notes, result, strict=False):  # type: ignore[attr-defined]
+                self._learn_loop(note, key, verdict)
         elif kind is ForgetLoops:
             self._forget_loops(key, op.fingerprint)  # type: ignore[attr-defined]
 
