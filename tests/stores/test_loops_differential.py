@@ -4,9 +4,10 @@ As ``test_differential`` does for the velocity core: Hypothesis draws a loop pol
 sequence of checks (counting a send, or only asking "is it tripped?"), notes (failed, not,
 or not counted; with a status and an error type; counting the send or not), batches of notes
 and forgets over a few calls of one or two identities, with clock steps from nothing to past
-every window, and runs it through ``MemoryStore`` and through ``RedisStore`` (a real Redis, and fakeredis, whose
-Lua has no ``struct`` library) on the same simulated clock. After every step the verdicts must
-be equal, and so must the calls read back from Redis and the core's, float for float. Small
+every window, and runs it through ``MemoryStore`` and through ``RedisStore`` (a real Redis,
+and fakeredis, whose Lua has no ``struct`` library) on the same simulated clock. After every
+step the verdicts must be equal, and so must the calls read back from Redis and the core's,
+float for float. Small
 policies (two calls remembered, two failures) reach eviction, trips, cooldowns and repeat
 refusals within a few steps.
 """
