@@ -69,7 +69,9 @@ class FailureLoopPolicy:
         repeat_window: seconds the sends are counted over, from the first.
         on_repeat: ``"event"`` reports a repeat loop (a ``repeat_loop`` event, the call goes
             on); ``"refuse"`` refuses the call that makes it, and every same call until the
-            window has passed.
+            window has passed. Outbound, "event" counts each send after the call, with its
+            note (no round trip before it where the store's open-key view answers); "refuse"
+            must count it before the call: a store round trip before every call.
         tool_failures: (outbound) a request whose conversation shows the model asking for the
             same tool call with the same arguments this many times in a row, each answered
             with an error, is refused (``tool_loop``).
@@ -278,13 +280,17 @@ class LoopNotes:
         ]
 
     def decided(self, results: Sequence[Any] | None) -> None:
-        """Decide each note on its batch's verdicts (None: the store failed, as counted by the
-        batch's first decision); events and metrics as for a note sent alone."""
+        """Decide the notes on their batches' verdicts (None: the store failed, as counted by
+        the batch's first decision): a note that tripped its call or made a repeat loop is
+        decided as one sent alone (its event, its metrics). The others found nothing to say
+        and are not decided one by one, as a batch's records are not (``Fuse.record_batch``):
+        the store has counted them, which is all they are for."""
         if results is None:
             return
         for group, verdicts in zip(self.groups, results, strict=True):
             for note, verdict in zip(group, verdicts, strict=True):
-                note.decided(verdict)
+                if verdict.tripped or verdict.repeated or not verdict.allowed:
+                    note.decided(verdict)
 
 
 class LoopBreaker:

@@ -228,8 +228,10 @@ class FuseTransport(_SyncBase):
         flavor = flavor_of(request)
         identity = self._identify(request)
         # One round trip before sending: the velocity gate, the run budgets' reservations
-        # (budget_step) and the failure-loop check (loop_step). A refusing gate releases the
-        # reservations; a refusing loop check, or a send that raises, releases them here.
+        # (budget_step) and the failure-loop check (loop_step); none when a RedisStore's
+        # open-key view answers the gate and the check (on_repeat="event") and no run is
+        # bound. A refusing gate releases the reservations; a refusing loop check, or a send
+        # that raises, releases them here.
         check = self._loops.prepare(identity, request)
         also = (check.op,) if check is not None else ()
         gate, hold, found = self._budget.gate_and_reserve(identity, request, also)
