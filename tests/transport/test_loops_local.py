@@ -270,3 +270,19 @@ async def test_async_background_notes_trip_the_call(clock: Clock) -> None:
         await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
     assert len(stub.requests) == 3
     await transport.aclose()
+
+
+def test_a_send_that_raises_still_counts_as_a_send(guarded: Guarded) -> None:
+    """A connection error is no failure of the call (no response), but it was sent."""
+
+    def unreachable(request: Any) -> Any:
+        raise httpx2.ConnectError("connection refused")
+
+    client, transport = client_of(guarded, Stub())
+    transport._inner = httpx2.MockTransport(unreachable)
+    for _ in range(2):
+        with pytest.raises(openai.APIConnectionError):
+            ask_openai(client)
+    [call] = guarded.calls()
+    assert (call.sends, call.failures) == (2, 0)
+    transport.close()

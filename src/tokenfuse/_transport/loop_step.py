@@ -333,6 +333,25 @@ class LoopStep:
             return None
         return self._later(watch)
 
+    def raised(self, watch: LoopWatch | None) -> None:
+        """The send raised (no response: a connection error, a timeout): with "event" its
+        send is counted all the same, as a counting check would have, and no outcome (only
+        a response is a failure of the call)."""
+        note = self._unanswered(watch)
+        if note is not None:
+            self._send_alone(note)
+
+    async def araised(self, watch: LoopWatch | None) -> None:
+        note = self._unanswered(watch)
+        if note is not None:
+            await self._asend_alone(note)
+
+    def _unanswered(self, watch: LoopWatch | None) -> LoopNote | None:
+        if watch is None or watch.done or not watch.send or self.breaker is None:
+            return None
+        watch.done = True
+        return self.breaker.later(watch.identity, watch.call, None, send=True)
+
     def _later(self, watch: LoopWatch) -> LoopNote | None:
         outcome = self._outcome(watch, watch.response)
         if outcome is None or self.breaker is None:
@@ -361,8 +380,16 @@ class LoopStep:
         """The stream ended or closed, and the settle did not take the note: send it alone
         (to the background recorder if there is one)."""
         note = self._later(watch)
-        if note is None:
-            return
+        if note is not None:
+            self._send_alone(note)
+
+    async def _anote(self, watch: LoopWatch) -> None:
+        note = self._later(watch)
+        if note is not None:
+            await self._asend_alone(note)
+
+    def _send_alone(self, note: LoopNote) -> None:
+        """A note with no record to ride with: to the background recorder, else a round trip."""
         if self._recorder is not None:
             self._recorder.submit(None, None, note)
             return
@@ -371,10 +398,7 @@ class LoopStep:
         except Exception as exc:  # only a fail_closed fuse raises; the response is the caller's
             logger.debug("tokenfuse: noting a call for the loop breaker failed: %r", exc)
 
-    async def _anote(self, watch: LoopWatch) -> None:
-        note = self._later(watch)
-        if note is None:
-            return
+    async def _asend_alone(self, note: LoopNote) -> None:
         if self._recorder is not None:
             self._recorder.submit(None, None, note)  # never waits (inline only when full)
             return

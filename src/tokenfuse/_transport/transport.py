@@ -236,11 +236,13 @@ class FuseTransport(_SyncBase):
         also = (check.op,) if check is not None else ()
         gate, hold, found = self._budget.gate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
+        watch = None
         try:
             watch = self._loops.conclude(identity, check, found and found[0], request)
             response, sent = self._send(flavor, request)
         except BaseException:
             self._budget.settle(hold, None)
+            self._loops.raised(watch)  # a send that raised is a send all the same
             raise
         settle = _settle_of(self._settle, hold, watch)
         meter = self._metering.start(sent, response, identity, gate)
@@ -383,11 +385,13 @@ class AsyncFuseTransport(_AsyncBase):
         also = (check.op,) if check is not None else ()
         gate, hold, found = await self._budget.agate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
+        watch = None
         try:
             watch = self._loops.conclude(identity, check, found and found[0], request)
             response, sent = await self._send(flavor, request)
         except BaseException:
             await self._budget.asettle(hold, None)
+            await self._loops.araised(watch)
             raise
         settle = _settle_of(self._settle, hold, watch)
         meter = self._metering.start(sent, response, identity, gate)
