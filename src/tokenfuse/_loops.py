@@ -245,9 +245,13 @@ class LoopNote:
         self.started = perf_counter() if WATCHERS.decisions else 0.0
 
     def decided(self, verdict: LoopVerdict | None) -> Decision | None:
-        """The decision on the verdict the note got in a shared pipeline; None when the store
-        was not asked or failed (the pipeline's first decision counted that)."""
-        if verdict is None:
+        """The decision on the verdict the note got in a shared pipeline (with the call's
+        record, or in a batch), when it has something to say: a trip or a repeat loop (its
+        event, its metrics, as a note sent alone). None for the others, which the store has
+        counted, all they are for: like a run's settlements riding with a record, or a
+        batch's records, they are not decided one by one. None too when the store was not
+        asked or failed (the pipeline's first decision counted that)."""
+        if verdict is None or not (verdict.tripped or verdict.repeated or not verdict.allowed):
             return None
         judge = _Judge(self.breaker, self.call, None)
         return self.breaker.fuse._conclude(self.identity, self.op, judge, verdict, self.started)
@@ -280,17 +284,14 @@ class LoopNotes:
         ]
 
     def decided(self, results: Sequence[Any] | None) -> None:
-        """Decide the notes on their batches' verdicts (None: the store failed, as counted by
-        the batch's first decision): a note that tripped its call or made a repeat loop is
-        decided as one sent alone (its event, its metrics). The others found nothing to say
-        and are not decided one by one, as a batch's records are not (``Fuse.record_batch``):
-        the store has counted them, which is all they are for."""
+        """Decide the notes on their batches' verdicts (``LoopNote.decided``: only a trip or
+        a repeat loop is decided; None: the store failed, as counted by the batch's first
+        decision)."""
         if results is None:
             return
         for group, verdicts in zip(self.groups, results, strict=True):
             for note, verdict in zip(group, verdicts, strict=True):
-                if verdict.tripped or verdict.repeated or not verdict.allowed:
-                    note.decided(verdict)
+                note.decided(verdict)
 
 
 class LoopBreaker:
