@@ -45,10 +45,10 @@ from .._fuse import Fuse
 from .._loops import LoopNote, LoopNotes
 from .meter import Meter
 
+__all__ = ["Recorder", "RecorderCounts"]
+
 #: What waits: a call's meter and amount to record (None: none), and its loop note (or None).
 Pending = tuple[Meter | None, float | None, LoopNote | None]
-
-__all__ = ["Recorder", "RecorderCounts"]
 
 _LOG_EVERY = 60.0
 #: How long ``close()`` waits for the worker to send what is pending.
