@@ -233,25 +233,34 @@ class Fuse:
         The amounts of one key go in one ``RecordBatch``, in order, and its calls share the
         decision: the first trip's, else the last record's. One decision per item, in order.
         """
+        return self.record_batch_with(items, ())[0]
+
+    def record_batch_with(
+        self, items: Sequence[tuple[Who, float]], ops: Sequence[Op[Any]]
+    ) -> tuple[list[Decision], list[Any] | None]:
+        """``record_batch``, and ``ops`` in the same round trip (the batch's failure-loop
+        notes): the decisions, and the ops' results (None when the store failed: counted, and
+        failed open or closed, once for the whole batch)."""
         batch = _Batch(self, items)
-        if not batch.ops:
-            return batch.decisions([])
+        sending = [*batch.ops, *ops] if ops else batch.ops
+        if not sending:
+            return batch.decisions([]), []
         store = self._sync()
         if not self.health.available():
-            return batch.degraded(None)
+            return batch.degraded(None), None
         try:
             run_many = getattr(store, "run_many", None)
-            ops = batch.ops
-            # One key (the common case when calls are spaced out: a batch of one call) is one
+            # One op (the common case when calls are spaced out: a batch of one call) is one
             # plain script call, without a pipeline's making and unmaking.
-            if run_many is None or len(ops) == 1:
-                verdicts = [store.run(op) for op in ops]
+            if run_many is None or len(sending) == 1:
+                results = [store.run(op) for op in sending]
             else:
-                verdicts = run_many(ops)
+                results = run_many(sending)
         except Exception as exc:
-            return batch.degraded(exc)
+            return batch.degraded(exc), None
         self._healthy()
-        return batch.decisions(verdicts)
+        recorded = len(batch.ops)
+        return batch.decisions(results[:recorded]), results[recorded:]
 
     def admit(
         self,
@@ -765,7 +774,8 @@ class _Batch:
 
     def degraded(self, exc: Exception | None) -> list[Decision]:
         """The store failed (or is skipped): each item fails open (or the batch closed)."""
-        failed = self.fuse._degraded(self.identities[0], exc)
+        first = self.identities[0] if self.identities else Identity.named("batch")
+        failed = self.fuse._degraded(first, exc)
         return [replace(failed, key=identity.label) for identity in self.identities]
 
 

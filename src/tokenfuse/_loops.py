@@ -1,12 +1,15 @@
 """The failure-loop breaker as both integrations use it: a policy, and two steps on a fuse.
 
-``LoopBreaker.check`` before a call (is this call refused as a loop? it counts a send) and
-``note`` after it (a failure, or the end of the failures) are each one store operation
-(``CheckLoops``, ``NoteLoop``), run through the fuse like its own steps: the identity is the
-fuse's storage key, a store that fails is failed open (or closed) and counted by the fuse, the
-decision is counted by the metrics, and the verdicts become ``FailureLoop`` refusals and
+``LoopBreaker.check`` before a call (is this call refused as a loop? it counts a send, unless
+the caller counts it after the call) and ``note`` after it (a failure, or the end of the
+failures; with ``send``, the send too) are each one store operation (``CheckLoops``,
+``NoteLoop``), run through the fuse like its own steps: the identity is the fuse's storage
+key, a store that fails is failed open (or closed) and counted by the fuse, the decision is
+counted by the metrics, and the verdicts become ``FailureLoop`` refusals and
 ``failure_loop`` / ``repeat_loop`` events. The operations are values, so a caller that runs
-other steps before the same call can send them together (``store.run_many``).
+other steps before or after the same call can send them together (``store.run_many``): a
+``LoopNote`` is a note made to go later, with the call's record in one pipeline, or with other
+calls' notes in a background batch (``LoopNotes``: one ``NoteLoopBatch`` per identity).
 
 The rule and the fingerprint are the core's (``_core/loops.py``); the user's guide is
 docs/guards.md#failure-loop-breaker.
@@ -19,7 +22,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import Any, Literal
 
@@ -29,13 +33,15 @@ from ._events import FuseEvent
 from ._fuse import Decision, Fuse, default_fuse
 from ._identity import Identity
 from ._observe import WATCHERS, decided
-from ._stores.ops import CheckLoops, ForgetLoops, NoteLoop
+from ._stores.ops import CheckLoops, ForgetLoops, NoteLoop, NoteLoopBatch
 
 __all__ = [
     "CallName",
     "FailureLoopPolicy",
     "LoopBreaker",
     "LoopCheck",
+    "LoopNote",
+    "LoopNotes",
     "aforget_loops",
     "forget_loops",
 ]
@@ -63,7 +69,9 @@ class FailureLoopPolicy:
         repeat_window: seconds the sends are counted over, from the first.
         on_repeat: ``"event"`` reports a repeat loop (a ``repeat_loop`` event, the call goes
             on); ``"refuse"`` refuses the call that makes it, and every same call until the
-            window has passed.
+            window has passed. Outbound, "event" counts each send after the call, with its
+            note (no round trip before it where the store's open-key view answers); "refuse"
+            must count it before the call: a store round trip before every call.
         tool_failures: (outbound) a request whose conversation shows the model asking for the
             same tool call with the same arguments this many times in a row, each answered
             with an error, is refused (``tool_loop``).
@@ -178,6 +186,12 @@ class _Judge:
             error = breaker.refusal(identity, self.call, verdict, self.tool)
         if verdict.tripped and error is not None:
             breaker.emit("failure_loop", identity, key_id, error)
+            if verdict.repeated and self.report:  # a note whose send also made a repeat loop
+                repeat = replace(verdict, reason="repeat_loop", tripped=False, retry_after=0.0,
+                                 count=float(breaker.policy.repeats),
+                                 window=float(breaker.policy.repeat_window))  # fmt: skip
+                repeat_error = breaker.refusal(identity, self.call, repeat, self.tool)
+                breaker.emit("repeat_loop", identity, key_id, repeat_error)
         elif verdict.repeated and error is not None and self.report:
             breaker.emit("repeat_loop", identity, key_id, error)
         elif (
@@ -214,6 +228,72 @@ class LoopCheck:
         self.started = started  # for the decision's duration metric (0: nobody watches)
 
 
+class LoopNote:
+    """A call's note (``NoteLoop``), made after the call and sent when it suits the caller:
+    alone (``send``), in the pipeline of the call's record (``op``, then ``decided`` with its
+    result), or in a background batch (``LoopNotes``). Made by ``LoopBreaker.later``."""
+
+    __slots__ = ("breaker", "call", "identity", "op", "started")
+
+    def __init__(
+        self, breaker: LoopBreaker, identity: Identity, call: CallName, op: NoteLoop
+    ) -> None:
+        self.breaker = breaker
+        self.identity = identity
+        self.call = call
+        self.op = op
+        self.started = perf_counter() if WATCHERS.decisions else 0.0
+
+    def decided(self, verdict: LoopVerdict | None) -> Decision | None:
+        """The decision on the verdict the note got in a shared pipeline (with the call's
+        record, or in a batch), when it has something to say: a trip or a repeat loop (its
+        event, its metrics, as a note sent alone). None for the others, which the store has
+        counted, all they are for: like a run's settlements riding with a record, or a
+        batch's records, they are not decided one by one. None too when the store was not
+        asked or failed (the pipeline's first decision counted that)."""
+        if verdict is None or not (verdict.tripped or verdict.repeated or not verdict.allowed):
+            return None
+        judge = _Judge(self.breaker, self.call, None)
+        return self.breaker.fuse._conclude(self.identity, self.op, judge, verdict, self.started)
+
+    def send(self) -> Decision:
+        """Send the note alone (a round trip). Never raises unless the fuse fails closed."""
+        judge = _Judge(self.breaker, self.call, None)
+        return self.breaker.fuse._decide(self.identity, self.op, judge)
+
+    async def asend(self) -> Decision:
+        judge = _Judge(self.breaker, self.call, None)
+        return await self.breaker.fuse._adecide(self.identity, self.op, judge)
+
+
+class LoopNotes:
+    """Notes of many calls sent together (the background recorder's batch): one
+    ``NoteLoopBatch`` per identity (``ops``), its notes in order, decided by ``decided``."""
+
+    __slots__ = ("groups", "ops")
+
+    def __init__(self, notes: Sequence[LoopNote]) -> None:
+        groups: dict[tuple[int, str], list[LoopNote]] = {}
+        for note in notes:
+            group = groups.setdefault((id(note.breaker), note.op.key), [])
+            group.append(note)
+        self.groups = list(groups.values())
+        self.ops = [
+            NoteLoopBatch(group[0].op.key, group[0].op.policy, tuple(n.op for n in group))
+            for group in self.groups
+        ]
+
+    def decided(self, results: Sequence[Any] | None) -> None:
+        """Decide the notes on their batches' verdicts (``LoopNote.decided``: only a trip or
+        a repeat loop is decided; None: the store failed, as counted by the batch's first
+        decision)."""
+        if results is None:
+            return
+        for group, verdicts in zip(self.groups, results, strict=True):
+            for note, verdict in zip(group, verdicts, strict=True):
+                note.decided(verdict)
+
+
 class LoopBreaker:
     """The breaker's steps for one fuse and policy (the transport's and the middleware's)."""
 
@@ -245,10 +325,18 @@ class LoopBreaker:
         return CheckLoops(self.fuse._key(identity), call.fingerprint, self.core, local)
 
     def note_op(
-        self, identity: Identity, call: CallName, failed: bool, status: int, error: str
+        self,
+        identity: Identity,
+        call: CallName,
+        failed: bool | None,
+        status: int,
+        error: str,
+        send: bool = False,
     ) -> NoteLoop:
+        """``send``: count the call as a send (its check did not: ``local``); ``failed`` None:
+        count no outcome (an SDK's retry, its failure counted already)."""
         key = self.fuse._key(identity)
-        return NoteLoop(key, call.fingerprint, self.core, failed, status, error)
+        return NoteLoop(key, call.fingerprint, self.core, failed, status, error, send)
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -308,6 +396,19 @@ class LoopBreaker:
     ) -> Decision:
         op = self.note_op(identity, call, failed, status, error)
         return await self.fuse._adecide(identity, op, _Judge(self, call, None))
+
+    def later(
+        self,
+        identity: Identity,
+        call: CallName,
+        failed: bool | None,
+        status: int = 0,
+        error: str = "",
+        send: bool = False,
+    ) -> LoopNote:
+        """A note made now, to send later or with other ops (``LoopNote``)."""
+        op = self.note_op(identity, call, failed, status, error, send)
+        return LoopNote(self, identity, call, op)
 
     # -- refusals and events -------------------------------------------------------------------
 

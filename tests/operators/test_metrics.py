@@ -302,9 +302,11 @@ def test_metrics_add_no_store_round_trip(scrape: Scrape, clock: Clock) -> None:
     client = guarded(Fuse(store), openai_llm())
     for _ in range(10):
         chat(client)
-    # a gate, a failure-loop check and a record per call, as without metrics
-    assert Counting.runs == 30
-    assert sum(scrape.tally.snapshot()["decisions"].values()) == 30
+    # a gate, a failure-loop check, a record and the loop note (its send) per call, as
+    # without metrics; the note, riding with the record, is decided only when it trips or
+    # repeats (these five identical calls make one repeat loop)
+    assert Counting.runs == 40
+    assert sum(scrape.tally.snapshot()["decisions"].values()) == 31
 
 
 def test_a_failing_observer_never_breaks_a_call(

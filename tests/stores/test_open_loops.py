@@ -18,7 +18,7 @@ import redis
 from tests.conftest import Clock
 from tokenfuse._core.loops import LoopPolicy
 from tokenfuse._stores.open_keys import OpenKeys
-from tokenfuse._stores.ops import CheckLoops, ForgetLoops, NoteLoop
+from tokenfuse._stores.ops import CheckLoops, ForgetLoops, NoteLoop, NoteLoopBatch
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_codec import loop_state, loops_key_of
 
@@ -170,14 +170,20 @@ def test_an_untrusted_view_sends_the_check_to_the_store(
         refused = b.run(check())
         assert not refused.allowed and refused.count == 3.0
         assert view.counts.loop_round_trips == 1 and view.counts.loop_local == 0
-        # A view whose subscription is gone (closed): the store answers, and writes the string.
+        # A view whose subscription is gone (closed): the store answers, counting no send
+        # and writing nothing, as the view would (the send is counted by the note after it).
         assert view.wait_synced(WAIT)
         view.close()
         clock.advance(61)  # the cooldown is over
+        before = client.get(loops)
         assert b.run(check()).allowed
         assert view.counts.loop_round_trips == 2
+        assert client.get(loops) == before
+        b.run(NoteLoop(KEY, CALL, POLICY, False, send=True))
         state = loop_state(client.get(loops))
-        assert [c.last_seen for c in state.calls if c.fingerprint == CALL] == [clock.now]
+        assert [(c.last_seen, c.sends) for c in state.calls if c.fingerprint == CALL] == [
+            (clock.now, 1.0)
+        ]
     finally:
         a.close()
         b.close()
@@ -233,6 +239,54 @@ def test_on_a_cluster_every_node_s_loop_trips_reach_the_view(cluster_url: str) -
     finally:
         first.close()
         late.close()
+        cleanup = RedisCluster.from_url(cluster_url)
+        for name in cleanup.scan_iter(match=f"{prefix}*"):
+            cleanup.delete(name)
+        cleanup.close()
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_batched_notes_trip_calls_on_every_node(cluster_url: str) -> None:
+    """The background recorder's shape: one ``NoteLoopBatch`` per identity, all in one
+    pipeline that reaches every primary. Each trip is marked in the noting process's view as
+    its verdict comes back (checked at once, no announcement awaited) and announced to the
+    others; every send is counted once."""
+    import uuid
+
+    from redis.cluster import RedisCluster
+
+    prefix = f"tf-loopbatch-{uuid.uuid4().hex[:8]}"
+    url = cluster_url.replace("redis://", "redis+cluster://")
+    noting = RedisStore.from_url(url, prefix=prefix)
+    other = RedisStore.from_url(url, prefix=prefix)
+    keys = [f"default:{n:032x}" for n in range(6)]
+    try:
+        assert view_of(noting).wait_synced(WAIT) and view_of(other).wait_synced(WAIT)
+        batches = [
+            NoteLoopBatch(key, POLICY, (NoteLoop(key, CALL, POLICY, True, 500, send=True),) * 3)
+            for key in keys
+        ]
+        results = noting.run_many(batches)
+        assert [[v.tripped for v in verdicts] for verdicts in results] == [
+            [False, False, True]
+        ] * len(keys)
+        assert all(
+            not noting.run(CheckLoops(key, CALL, POLICY, local=True)).allowed for key in keys
+        )
+        assert view_of(noting).counts.loop_round_trips == 0
+        calls = (loops_key_of(prefix, key) for key in keys)
+        wanted = {(loops, CALL) for loops in calls}
+        assert view_of(other).wait_until(lambda v: wanted <= v._loops.keys(), WAIT)
+        cluster = RedisCluster.from_url(cluster_url)
+        try:
+            for key in keys:
+                [call] = loop_state(cluster.get(loops_key_of(prefix, key))).calls
+                assert (call.sends, call.failures) == (3, 3)
+        finally:
+            cluster.close()
+    finally:
+        noting.close()
+        other.close()
         cleanup = RedisCluster.from_url(cluster_url)
         for name in cleanup.scan_iter(match=f"{prefix}*"):
             cleanup.delete(name)

@@ -233,7 +233,7 @@ def test_both_stores_run_every_operation() -> None:
     exported = (getattr(ops, name) for name in ops.__all__)
     operations = {kind for kind in exported if isinstance(kind, type) and issubclass(kind, ops.Op)}
     operations.discard(ops.Op)
-    assert len(operations) == 19
+    assert len(operations) == 20
     assert set(_APPLY) == operations
     assert set(CODECS) == operations - {ops.ListKeys}
     assert sorted(script_sources()) == sorted({op.name for op in CODECS})

@@ -39,9 +39,9 @@ class HeldFuse(Fuse):
         super().__init__(*args, **kwargs)
         self.go = threading.Event()
 
-    def record_batch(self, items: Any) -> Any:
+    def record_batch_with(self, items: Any, ops: Any) -> Any:
         assert self.go.wait(10)
-        return super().record_batch(items)
+        return super().record_batch_with(items, ops)
 
 
 def test_the_response_does_not_wait_for_the_record(lib: ModuleType, clock: Clock) -> None:

@@ -351,7 +351,8 @@ def test_the_gate_and_the_reservations_of_nested_runs_go_in_one_round_trip(clock
     assert store.trips == [
         # before the call: one round trip (the failure-loop breaker's check goes with it)
         ("Gate", "CheckLoops", "Reserve", "Reserve"),
-        ("Record", "Settle", "Settle"),  # after it: one more
+        # after it: one more, with the breaker's note (it counts the send)
+        ("Record", "Settle", "Settle", "NoteLoop"),
     ]
 
 

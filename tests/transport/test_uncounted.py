@@ -178,13 +178,18 @@ class Recorded:
 
     def __init__(self, fuse: Fuse) -> None:
         self.total = 0.0
-        record = fuse.record
+        record, record_with = fuse.record, fuse.record_with
 
         def counted(who: Any, amount: float) -> Any:
             self.total += amount
             return record(who, amount)
 
+        def counted_with(who: Any, amount: float, ops: Any) -> Any:  # with the loop note
+            self.total += amount
+            return record_with(who, amount, ops)
+
         fuse.record = counted  # type: ignore[method-assign]
+        fuse.record_with = counted_with  # type: ignore[method-assign]
 
 
 LOOPS = [

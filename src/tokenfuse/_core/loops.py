@@ -25,12 +25,15 @@ refused (or, when all are, the least recently seen).
   (``failure_loop``). Otherwise it counts as a send: the ``repeats``-th send within
   ``repeat_window`` of the first is a *repeat loop*, reported once per window
   (``repeated``), or, with ``refuse_repeats``, refused (``repeat_loop``) with nothing counted
-  until the window has passed.
-* ``note`` (after it): a failure counts within ``failure_window`` of the first failure;
-  the ``failures``-th trips: the call is refused for ``cooldown`` seconds, doubled for each
-  further trip of the same call within ``ESCALATION_WINDOW`` of the previous one (at most
-  ``cooldown_max``), after which its count starts again from nothing. A success ends the
-  failure count (not a refusal in force).
+  until the window has passed. ``count=False`` asks only "is this call refused?": nothing
+  is counted or changed (the send is counted after the call, by ``note(send=True)``).
+* ``note`` (after it): with ``send``, the call first counts as a send, as ``check`` counts
+  one (a repeat loop is then reported, never refused: the call went out already). A failure
+  counts within ``failure_window`` of the first failure; the ``failures``-th trips: the call
+  is refused for ``cooldown`` seconds, doubled for each further trip of the same call within
+  ``ESCALATION_WINDOW`` of the previous one (at most ``cooldown_max``), after which its count
+  starts again from nothing. A success ends the failure count (not a refusal in force); an
+  outcome of None (an SDK's retry of a call whose failure counted already) counts neither.
 """
 
 from __future__ import annotations
@@ -383,17 +386,40 @@ def _refused(call: LoopCall, now: float, p: LoopPolicy) -> LoopVerdict:
     )
 
 
-def check(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> LoopVerdict:
-    """Before a call: refuse a tripped call, count a send, find a repeat loop."""
+def _new_sends(call: LoopCall, now: float, p: LoopPolicy) -> None:
+    """Start the call's repeat window again when it has passed (or never began)."""
+    if call.sends <= 0 or now - call.sends_since > p.repeat_window:
+        call.sends = 0.0
+        call.sends_since = now
+
+
+def _peek(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> LoopVerdict:
+    """``check`` with ``count=False``: the refusal of a refused call, else allowed (with the
+    failures counted so far); nothing is changed, nothing is pruned, nothing is made."""
+    call = _find(state, fingerprint)
+    if call is None or not _kept(call, now, p.keep):
+        return LoopVerdict()
+    if call.open_until > now:
+        return _refused(call, now, p)
+    if call.open_until > 0:  # its cooldown is over: its count starts again from nothing
+        return LoopVerdict()
+    return LoopVerdict(failures=call.failures)  # as a store's view answers (``open_keys``)
+
+
+def check(
+    state: LoopState, fingerprint: str, now: float, p: LoopPolicy, count: bool = True
+) -> LoopVerdict:
+    """Before a call: refuse a tripped call, count a send, find a repeat loop. ``count=False``:
+    only refuse a tripped call (``_peek``)."""
+    if not count:
+        return _peek(state, fingerprint, now, p)
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
     _cooled(call, now)
     if call.open_until > now:
         return _refused(call, now, p)
-    if call.sends <= 0 or now - call.sends_since > p.repeat_window:
-        call.sends = 0.0
-        call.sends_since = now
+    _new_sends(call, now, p)
     if call.sends + 1 >= p.repeats and p.refuse_repeats:
         return LoopVerdict(
             allowed=False,
@@ -419,21 +445,36 @@ def check(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> Loop
 def note(
     state: LoopState,
     fingerprint: str,
-    failed: bool,
+    failed: bool | None,
     status: float,
     error: str,
     now: float,
     p: LoopPolicy,
+    send: bool = False,
 ) -> LoopVerdict:
-    """After a call: count its failure (the ``failures``-th trips it), or end its failures."""
+    """After a call: count it as a send first (``send``: its check counted none), then count
+    its failure (the ``failures``-th trips it) or end its failures (``failed`` None: neither).
+
+    The verdict is the trip's, else the repeat's (``count`` its sends, in ``repeat_window``),
+    else the failure count's; ``repeated`` is set whenever this send made a repeat loop."""
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
     _cooled(call, now)
+    repeated = False
+    if send:
+        _new_sends(call, now, p)
+        call.sends = call.sends + 1
+        repeated = call.sends == p.repeats
     if not failed:
-        if call.open_until <= 0:  # a refusal in force keeps the count it names
+        if failed is not None and call.open_until <= 0:  # a refusal in force keeps its count
             call.failures = 0.0
             call.failures_since = 0.0
+        if repeated:
+            return LoopVerdict(
+                repeated=True, count=call.sends, window=float(p.repeat_window),
+                failures=call.failures, status=call.status, error=call.error,
+            )  # fmt: skip
         return LoopVerdict()
     if call.failures <= 0 or now - call.failures_since > p.failure_window:
         call.failures = 0.0
@@ -451,10 +492,12 @@ def note(
         verdict = _refused(call, now, p)
         verdict.allowed = True  # this call was sent; the next one is refused
         verdict.tripped = True
+        verdict.repeated = repeated
         return verdict
     return LoopVerdict(
-        count=call.failures,
-        window=float(p.failure_window),
+        repeated=repeated,
+        count=call.sends if repeated else call.failures,
+        window=float(p.repeat_window if repeated else p.failure_window),
         failures=call.failures,
         status=status,
         error=error,

@@ -35,6 +35,7 @@ from .ops import (
     Lease,
     ListKeys,
     NoteLoop,
+    NoteLoopBatch,
     Op,
     OpenRun,
     ReadRun,
@@ -402,6 +403,12 @@ class MemoryStore:
             entry.bucket.rate_override = -1.0 if op.rate is None else op.rate
 
     def _check_loops(self, op: CheckLoops, now: float) -> LoopVerdict:
+        if op.local:  # "is this call tripped?": nothing counted, no entry made
+            entry = self._live(op.key, now)
+            state = entry.loops if entry is not None else None
+            if state is None:
+                return LoopVerdict()
+            return _loops.check(state, op.fingerprint, now, op.policy, count=False)
         entry = self._entry(op.key, now)
         if entry.loops is None:
             entry.loops = LoopState()
@@ -413,8 +420,12 @@ class MemoryStore:
             entry.loops = LoopState()
         error = _loops.clean_error(op.error)  # as the codec sends it to Redis
         return _loops.note(
-            entry.loops, op.fingerprint, op.failed, float(op.status), error, now, op.policy
-        )
+            entry.loops, op.fingerprint, op.failed, float(op.status), error, now, op.policy,
+            op.send,
+        )  # fmt: skip
+
+    def _note_loop_batch(self, op: NoteLoopBatch, now: float) -> list[LoopVerdict]:
+        return [self._note_loop(note, now) for note in op.notes]
 
     def _forget_loops(self, op: ForgetLoops, now: float) -> int:
         entry = self._entries.get(op.key)
@@ -449,6 +460,7 @@ _APPLY: dict[type[Op[Any]], Callable[[MemoryStore, Any, float], Any]] = {
     ReadState: MemoryStore._read_state,
     CheckLoops: MemoryStore._check_loops,
     NoteLoop: MemoryStore._note_loop,
+    NoteLoopBatch: MemoryStore._note_loop_batch,
     ForgetLoops: MemoryStore._forget_loops,
     OpenRun: MemoryStore._open_run,
     Reserve: MemoryStore._reserve,

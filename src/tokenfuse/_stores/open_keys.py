@@ -30,14 +30,19 @@ its gates from it, as soon as it can trust it:
   ``<prefix>:open-loop:{<key>}:<fingerprint>`` that expires with the cooldown, and
   ``forget_loops`` announces ``f <fingerprint, or *> <loops key>`` (and deletes the markers).
   A ``CheckLoops`` whose caller needs only "is this call tripped?" (``op.local``: the
-  middleware in lease mode, repeats not refused) is answered here when the view is trusted:
-  the refusal of a tripped call, else "allowed", which counts no send. A trip noted in this
-  process is marked at once. Of the failures before a success, the view knows only those this
-  process noted (``answer_loop`` returns their count, so the caller notes the success, which
-  ends them all); a call that failed only in other processes is answered with no failures, so
-  its success here is not noted, and those failures stand until their window passes.
-  At most ``MAX_LOOPS`` tripped calls are kept; beyond that, loop checks make a round trip
-  until expired ones make room.
+  transport, and the middleware in lease mode, when repeats are not refused) is answered here
+  when the view is trusted: the refusal of a tripped call, else "allowed", which counts no
+  send (the transport counts it after the call, with the call's note; the store's own answer
+  to such a check, when the view is not trusted, counts none either). A trip computed from a
+  note of this process (``NoteLoop``, or a background batch's ``NoteLoopBatch``) is marked
+  at once, so the next check of the call is refused here without a round trip and without
+  waiting for the announcement. Of the failures before a success, the view knows only those
+  this process noted (``answer_loop`` returns their count). That count matters to a caller
+  that notes a success only when it ends failures (the middleware): a call that failed only
+  in other processes is answered with no failures, so its success there is not noted, and
+  those failures stand until their window passes. The transport notes every call (its send),
+  so its successes end every process's failures. At most ``MAX_LOOPS`` tripped calls are
+  kept; beyond that, loop checks make a round trip until expired ones make room.
 
 What it costs: one connection and one thread per store, a PING every ``HEARTBEAT`` seconds,
 and on each trip or reset one PUBLISH and one marker write. Ordinary decisions write nothing
@@ -72,6 +77,7 @@ from .ops import (
     Gate,
     Lease,
     NoteLoop,
+    NoteLoopBatch,
     Op,
     Record,
     RecordBatch,
@@ -293,9 +299,9 @@ class OpenKeys:
         elif result.allowed and type(op) is CheckLoops:
             self._loops.pop(call, None)  # the cooldown ran out, or another process forgot it
         if type(op) is NoteLoop:
-            if not op.failed:
+            if op.failed is False:
                 self._failing.pop(call, None)  # the store ended every failure of the call
-            elif not result.tripped:
+            elif op.failed and not result.tripped:
                 if call not in self._failing and len(self._failing) >= MAX_LOOPS:
                     oldest = next(iter(list(self._failing)), None)  # its success goes unnoted
                     if oldest is not None:
@@ -330,6 +336,9 @@ class OpenKeys:
             self._open.pop(key, None)
         elif kind is CheckLoops or kind is NoteLoop:
             self._learn_loop(op, key, result)  # type: ignore[arg-type]
+        elif kind is NoteLoopBatch and isinstance(result, list):
+            for note, verdict in zip(op.notes, result, strict=False):  # type: ignore[attr-defined]
+                self._learn_loop(note, key, verdict)
         elif kind is ForgetLoops:
             self._forget_loops(key, op.fingerprint)  # type: ignore[attr-defined]
 

@@ -37,6 +37,7 @@ __all__ = [
     "Lease",
     "ListKeys",
     "NoteLoop",
+    "NoteLoopBatch",
     "Op",
     "OpenRun",
     "ReadRun",
@@ -258,31 +259,47 @@ class ReadState(Op[StoredState]):
 @dataclass(slots=True)
 class CheckLoops(Op[LoopVerdict]):
     """Before a call: is this call (``fingerprint``) refused as a loop? Counts it as a send,
-    which may make it a repeat loop (``loops.check``)."""
+    which may make it a repeat loop (``loops.check``), unless ``local``."""
 
     name: ClassVar[str] = "check_loops"
     key: str
     fingerprint: str
     policy: LoopPolicy
     local: bool = False
-    """The caller needs only "is this call tripped?" (it reports no repeats), so a store that
-    keeps a local view of the tripped calls (``RedisStore``: ``open_keys``) may answer without
-    a round trip, counting no send. Set by the middleware in lease mode with
-    ``on_repeat="event"``; other stores ignore it."""
+    """The caller asks only "is this call tripped?": no store counts a send or changes
+    anything (the send is counted after the call, ``NoteLoop.send``), so a store that keeps a
+    local view of the tripped calls (``RedisStore``: ``open_keys``) answers it without a
+    round trip. Set when repeats are not refused (``on_repeat="event"``): by the transport,
+    and by the middleware in lease mode."""
 
 
 @dataclass(slots=True)
 class NoteLoop(Op[LoopVerdict]):
-    """After a call: count its failure (``status`` and ``error`` say what failed), or end its
-    failures; the failure that reaches the policy's count trips it (``loops.note``)."""
+    """After a call: count its send (``send``: its check counted none), then its failure
+    (``status`` and ``error`` say what failed), or end its failures (``failed`` False), or
+    neither (``failed`` None: an SDK's retry, whose failure counted already); the failure
+    that reaches the policy's count trips it (``loops.note``)."""
 
     name: ClassVar[str] = "note_loop"
     key: str
     fingerprint: str
     policy: LoopPolicy
-    failed: bool
+    failed: bool | None
     status: int = 0
     error: str = ""
+    send: bool = False
+
+
+@dataclass(slots=True)
+class NoteLoopBatch(Op[list[LoopVerdict]]):
+    """Several ``NoteLoop`` of one key (``notes``, each with this ``key`` and ``policy``) in
+    one step, in order and at one ``now``: the notes of calls recorded off the caller's path,
+    sent together. One verdict per note, in order."""
+
+    name: ClassVar[str] = "note_loop_batch"
+    key: str
+    policy: LoopPolicy
+    notes: tuple[NoteLoop, ...]
 
 
 @dataclass(slots=True)

@@ -21,10 +21,10 @@ default 14 days).
 **Gates without a round trip.** By default the store keeps a local view of the open keys
 (``open_keys``: a subscriber thread, started at the first gate, that every trip and reset
 anywhere reaches at once) and answers gates from it once it is synced; until then, and
-whenever the subscription is down, a gate is one EVALSHA as before. A loop check that
-allows it (``CheckLoops.local``) is answered from the same view's tripped calls.
-``open_keys=False``
-turns it off. A store over an asyncio client alone has no view (it needs a sync client).
+whenever the subscription is down, a gate is one EVALSHA as before. A loop check that only
+asks "is this call tripped?" (``CheckLoops.local``) is answered from the same view's tripped
+calls. ``open_keys=False`` turns it off. A store over an asyncio client alone has no view
+(it needs a sync client).
 
 **Errors.** Every redis-py error becomes ``StoreUnavailable`` at one boundary
 (``redis_clients.Unavailable``); failing open and backing off is ``Fuse``'s job.

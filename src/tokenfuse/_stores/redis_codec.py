@@ -47,6 +47,7 @@ from .ops import (
     Gate,
     Lease,
     NoteLoop,
+    NoteLoopBatch,
     Op,
     OpenRun,
     ReadRun,
@@ -292,13 +293,37 @@ def _fingerprint(mark: str) -> str:
 
 
 def _check_loops_args(op: CheckLoops, now: str, ttl: str) -> Args:
-    return (now, ttl, _fingerprint(op.fingerprint), _loop_policy(op.policy))
+    count = "0" if op.local else "1"
+    return (now, ttl, _fingerprint(op.fingerprint), _loop_policy(op.policy), count)
+
+
+def _outcome(failed: bool | None) -> str:
+    return "" if failed is None else "1" if failed else "0"
 
 
 def _note_loop_args(op: NoteLoop, now: str, ttl: str) -> Args:
-    failed = "1" if op.failed else "0"
     mark, policy = _fingerprint(op.fingerprint), _loop_policy(op.policy)
-    return (now, ttl, mark, policy, failed, _number(op.status), clean_error(op.error))
+    status, error, send = _number(op.status), clean_error(op.error), "1" if op.send else "0"
+    return (now, ttl, mark, policy, _outcome(op.failed), status, error, send)
+
+
+#: Bytes of one note in ``note_loop_batch.lua``'s packed argument.
+NOTE_SIZE = 58
+_OUTCOMES = {True: b"1", False: b"0", None: b"-"}
+
+
+def _note_loop_batch_args(op: NoteLoopBatch, now: str, ttl: str) -> Args:
+    # The notes as one argument of fixed-size records, as RecordBatch packs its amounts: a
+    # batch's hundreds of notes would otherwise cost the client five encodings each.
+    parts = [
+        _fingerprint(note.fingerprint).encode("ascii")
+        + _OUTCOMES[note.failed]
+        + (b"1" if note.send else b"0")
+        + struct.pack("<d", float(note.status))
+        + clean_error(note.error).encode("ascii").ljust(ERROR_LENGTH)
+        for note in op.notes
+    ]
+    return (now, ttl, _loop_policy(op.policy), b"".join(parts))
 
 
 def _forget_loops_args(op: ForgetLoops, now: str, ttl: str) -> Args:
@@ -460,6 +485,11 @@ def _loop_verdict(op: CheckLoops | NoteLoop, reply: bytes | str) -> LoopVerdict:
     return loop_verdict_of(reply)
 
 
+def _loop_verdicts(op: NoteLoopBatch, reply: Sequence[bytes | str]) -> list[LoopVerdict]:
+    # '' is a note that found nothing to say: the empty verdict (most notes of a batch)
+    return [loop_verdict_of(each) if each else LoopVerdict() for each in reply]
+
+
 def loop_verdict_of(reply: bytes | str) -> LoopVerdict:
     """A ``LoopVerdict`` from the scripts' 10 fields ('allowed reason tripped repeated count
     window retry_after failures status error'): a reply, or a trip's announcement."""
@@ -548,6 +578,7 @@ CODECS: dict[type[Op[Any]], Codec[Any, Any]] = {
     Configure: Codec(_configure_args, _nothing),
     CheckLoops: Codec(_check_loops_args, _loop_verdict, loops_key_of),
     NoteLoop: Codec(_note_loop_args, _loop_verdict, loops_key_of),
+    NoteLoopBatch: Codec(_note_loop_batch_args, _loop_verdicts, loops_key_of),
     ForgetLoops: Codec(_forget_loops_args, _forgotten, loops_key_of),
     OpenRun: Codec(_open_run_args, _run_verdict),
     Reserve: Codec(_reserve_args, _run_verdict),

@@ -17,7 +17,8 @@ step costs one context-variable read.
 Everything is store operations (``Reserve``, ``Settle``): before the call, the reservations go
 in one pipeline with the velocity gate (``Fuse.gate_with``), so a call inside runs costs
 one round trip before it is sent; after it, the settlements go with the velocity record
-(``Fuse.record_with``), one more. Both fail open like every decision.
+and the call's failure-loop note (``Fuse.record_with``), one more. Both fail open like every
+decision.
 """
 
 from __future__ import annotations
@@ -214,57 +215,62 @@ class BudgetStep:
         hold: Hold | None,
         usage: Usage | None,
         record: tuple[Identity, float] | None = None,
-    ) -> tuple[bool, Decision | None]:
+        also: Sequence[Op[Any]] = (),
+    ) -> tuple[bool, Decision | None, list[Any] | None]:
         """Replace the reservation by what the call spent (``usage``; None: nothing, it was
         no LLM call or it failed), and with ``record`` (who, amount) also record the call's
-        velocity in the same round trip (``Fuse.record_with``). Whether it recorded, and
-        the record's decision (None if it failed). Never raises: the response is the
-        caller's."""
+        velocity, and run ``also`` (the call's failure-loop note), in the same round trip
+        (``Fuse.record_with``). Whether it recorded (and ran ``also``), the record's
+        decision (None if it failed) and the results of ``also`` (None: not run, or the
+        store failed). Never raises: the response is the caller's."""
         if hold is None or hold.done:
-            return False, None
+            return False, None, None
         hold.done = True
         tokens, usd = self._spent(hold, usage)
         if not (tokens or usd or hold.holds_any()):
-            return False, None  # nothing held, nothing spent: nothing to tell the store
-        recorded, decision = False, None
+            return False, None, None  # nothing held, nothing spent: nothing to tell the store
+        recorded, decision, also_found = False, None, None
         try:
             for group in hold.groups:
                 ops = hold.settle_ops(group, tokens, usd)
                 if record is not None and group.fuse.store is self.fuse.store:
                     recorded, (who, spent), record = True, record, None
-                    decision, found = self.fuse.record_with(who, spent, ops)
+                    decision, found = self.fuse.record_with(who, spent, [*ops, *also])
+                    found, also_found = _split(found, len(ops))
                 else:
                     found = group.fuse.run_guarded(ops)
                 hold.settled(group, found)
         except Exception as exc:
             _settle_failed(exc)
-        return recorded, decision
+        return recorded, decision, also_found
 
     async def asettle(
         self,
         hold: Hold | None,
         usage: Usage | None,
         record: tuple[Identity, float] | None = None,
-    ) -> tuple[bool, Decision | None]:
+        also: Sequence[Op[Any]] = (),
+    ) -> tuple[bool, Decision | None, list[Any] | None]:
         if hold is None or hold.done:
-            return False, None
+            return False, None, None
         hold.done = True
         tokens, usd = self._spent(hold, usage)
         if not (tokens or usd or hold.holds_any()):
-            return False, None
-        recorded, decision = False, None
+            return False, None, None
+        recorded, decision, also_found = False, None, None
         try:
             for group in hold.groups:
                 ops = hold.settle_ops(group, tokens, usd)
                 if record is not None and group.fuse.store is self.fuse.store:
                     recorded, (who, spent), record = True, record, None
-                    decision, found = await self.fuse.arecord_with(who, spent, ops)
+                    decision, found = await self.fuse.arecord_with(who, spent, [*ops, *also])
+                    found, also_found = _split(found, len(ops))
                 else:
                     found = await group.fuse.arun_guarded(ops)
                 hold.settled(group, found)
         except Exception as exc:
             _settle_failed(exc)
-        return recorded, decision
+        return recorded, decision, also_found
 
     def _spent(self, hold: Hold, usage: Usage | None) -> tuple[float, float]:
         if usage is None:

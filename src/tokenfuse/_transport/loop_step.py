@@ -1,18 +1,29 @@
 """The failure-loop step of an outbound call: check before sending, note after the response.
 
-Before a request leaves (``before``/``abefore``), its conversation is read for a tool-call
+Before a request leaves (``prepare``/``conclude``), its conversation is read for a tool-call
 loop (``_core.tool_history``: the model asking again for a call that keeps failing; refused
 at once, no store asked), then the breaker checks the call's fingerprint (``CheckLoops``: a
-tripped call is refused before a byte leaves; a repeated one is reported, or refused). A
-refusal goes through the transport's ``Gatekeeper``, so shadow mode and the anthropic SDK
-are served as for every refusal.
+tripped call is refused before a byte leaves). A refusal goes through the transport's
+``Gatekeeper``, so shadow mode and the anthropic SDK are served as for every refusal.
 
-After the response (``after``/``aafter``), the call is a *failure* when its status is 400 or
-more (429 excepted: that is the provider's back-pressure, which the SDKs retry and the
-velocity fuse watches), or when its body is an error object, or its stream carries an error
-event; a failure is noted (``NoteLoop``: it may trip the call), and so is a success that ends
-earlier failures (only then: most calls cost no second round trip). A body still to be read
-is watched as it streams past, and noted when it ends or is closed.
+**Where the send is counted.** With ``on_repeat="event"`` (the default) the check only asks
+"is this call tripped?" (``CheckLoops.local``): it counts nothing, so ``RedisStore`` answers it
+from its open-key view with no round trip, and the send is counted *after* the call, by its
+note (``NoteLoop.send``), which may report a ``repeat_loop`` event (the call went on anyway,
+as "event" says). With ``on_repeat="refuse"`` the call that makes a repeat loop must be
+refused before it leaves, so the check counts the send before it, as a round trip of its own
+(with the gate and the run budgets' reservations).
+
+After the response, the call is a *failure* when its status is 400 or more (429 excepted:
+that is the provider's back-pressure, which the SDKs retry and the velocity fuse watches), or
+when its body is an error object, or its stream carries an error event. Its note (a
+``LoopNote``: the send, with "event"; the failure, which may trip the call; a success, which
+ends earlier failures) is made once the body is seen whole: at once for a body already read,
+else when its stream ends or is closed. It goes with the call's record
+(``take``: the transport's settle sends both in one pipeline, or hands both to the background
+recorder), or alone when the call records nothing (then to the recorder with
+``record="background"``, else its own round trip). With "refuse", a success is noted only when
+it ends earlier failures (most calls cost no note at all).
 
 Not checked: requests without a body in memory (a streamed upload, a GET). An SDK's own
 retries of a call (``x-stainless-retry-count`` above 0) are checked (a tripped call's retries
@@ -31,8 +42,9 @@ from .._core.tool_history import tool_calls, tool_loop
 from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
-from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, LoopNote
 from .compat import Flavor
+from .recorder import Recorder
 from .refusal import Gatekeeper
 from .stream import _of_library
 from .usage_option import sent_body
@@ -118,7 +130,9 @@ def _is_retry(request: Any) -> bool:
 
 
 class LoopWatch:
-    """One call under watch: who, which call, and whether a success must be noted."""
+    """One call under watch: who, which call, and what its note must say: whether a success
+    must be noted, whether it counts the send (``send``), whether its outcome counts
+    (``judged``: not for an SDK's retry); ``response`` and ``whole`` once it is seen."""
 
     __slots__ = (
         "_kept",
@@ -127,16 +141,24 @@ class LoopWatch:
         "carry",
         "done",
         "identity",
+        "judged",
         "keep_head",
         "marked",
         "needs_success",
         "pending",
+        "response",
+        "send",
+        "whole",
     )
 
     def __init__(self, identity: Identity, call: CallName, needs_success: bool) -> None:
         self.identity = identity
         self.call = call
         self.needs_success = needs_success
+        self.send = False
+        self.judged = True
+        self.response: Any = None
+        self.whole = False  # the body was read before the response came back, and fed
         self.keep_head = True  # an event stream's errors are its marks, not a JSON head
         self._parts: list[bytes] = []
         self._kept = 0
@@ -179,23 +201,40 @@ class LoopWatch:
 
 
 def _watch(
-    identity: Identity, call: CallName, verdict: LoopVerdict | None, request: Any
+    identity: Identity, call: CallName, verdict: LoopVerdict | None, request: Any, send: bool
 ) -> LoopWatch | None:
-    """The watch of a call that was let through; None for an SDK's retry (not noted again)."""
-    if _is_retry(request):
+    """The watch of a call that was let through. An SDK's retry is noted only to count its
+    send (``send``: the check did not), never its outcome; None when there is nothing to."""
+    retry = _is_retry(request)
+    if retry and not send:
         return None
-    return LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+    watch = LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+    watch.send = send
+    watch.judged = not retry
+    return watch
 
 
 class LoopStep:
-    """The transport's failure-loop step (None policy: a step that does nothing)."""
+    """The transport's failure-loop step (None policy: a step that does nothing).
 
-    __slots__ = ("_gate", "breaker", "policy")
+    ``recorder``: the transport's background recorder, which takes the notes of calls that
+    record nothing (None: ``record="inline"``, such a note is a round trip of its own)."""
 
-    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy | None, gate: Gatekeeper) -> None:
+    __slots__ = ("_gate", "_recorder", "breaker", "count_after", "policy")
+
+    def __init__(
+        self,
+        fuse: Fuse,
+        policy: FailureLoopPolicy | None,
+        gate: Gatekeeper,
+        recorder: Recorder | None = None,
+    ) -> None:
         self.policy = policy
         self.breaker = LoopBreaker(fuse, policy) if policy is not None else None
         self._gate = gate
+        self._recorder = recorder
+        # "event": the check asks only "is it tripped?", and the note counts the send.
+        self.count_after = policy is not None and policy.on_repeat == "event"
 
     # -- before sending ---------------------------------------------------------------------
 
@@ -234,7 +273,7 @@ class LoopStep:
             return None
         call, parsed = named
         self._tool_loop(identity, call, parsed, request)
-        return self.breaker.prepare(identity, call)
+        return self.breaker.prepare(identity, call, local=self.count_after)
 
     def conclude(
         self, identity: Identity, check: LoopCheck | None, found: Any, request: Any
@@ -244,70 +283,127 @@ class LoopStep:
         the watch of the call."""
         if check is None or self.breaker is None:
             return None
+        send = self.count_after
         if found is None:
-            return _watch(identity, check.call, None, request)
+            return _watch(identity, check.call, None, request, send)
         decision = self.breaker.concluded(identity, check, found)
         self._gate.check(decision, request)
-        return _watch(identity, check.call, found, request)
+        return _watch(identity, check.call, found, request, send)
 
     # -- after the response -------------------------------------------------------------------
 
     def after(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
-        """Note the response now if its body is read, else when its stream ends or closes."""
+        """Watch the response: a body already read is seen at once (its note is ``take``n
+        by the settle that follows); a stream as it passes, noted when it ends or closes
+        (unless the settle took the note first: the transport's metered stream, inside this
+        one, settles as it ends)."""
         if watch is None:
             return
+        watch.response = response
         body = getattr(response, "_content", None)  # as meter._body_if_read
         if body is not None:
             watch.feed(body)
-            self._note(watch, response)
+            watch.whole = True
             return
         watch.keep_head = not _event_stream(response)
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
-            response.stream, watch, lambda: self._note(watch, response)
+            response.stream, watch, lambda: self._note(watch)
         )
 
     async def aafter(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
         if watch is None:
             return
+        watch.response = response
         body = getattr(response, "_content", None)
         if body is not None:
             watch.feed(body)
-            await self._anote(watch, response)
+            watch.whole = True
             return
         watch.keep_head = not _event_stream(response)
         response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
-            response.stream, watch, lambda: self._anote(watch, response)
+            response.stream, watch, lambda: self._anote(watch)
         )
 
-    def _outcome(self, watch: LoopWatch, response: Any) -> tuple[bool, int, str] | None:
-        """(failed, status, error type), or None when there is nothing to note."""
+    def take(self, watch: LoopWatch | None, ended: bool) -> LoopNote | None:
+        """The call's note, for the transport's settle to send with the call's record, once
+        the whole body was seen: read before it came back, or ``ended`` (the settle comes at
+        the end of the stream, which this step's stream wraps). None: nothing to note, or
+        not yet (a stream the settle does not wait for is noted when it ends)."""
+        if watch is None or not (ended or watch.whole) or watch.response is None:
+            return None
+        return self._later(watch)
+
+    def raised(self, watch: LoopWatch | None) -> None:
+        """The send raised (no response: a connection error, a timeout): with "event" its
+        send is counted all the same, as a counting check would have, and no outcome (only
+        a response is a failure of the call)."""
+        note = self._unanswered(watch)
+        if note is not None:
+            self._send_alone(note)
+
+    async def araised(self, watch: LoopWatch | None) -> None:
+        note = self._unanswered(watch)
+        if note is not None:
+            await self._asend_alone(note)
+
+    def _unanswered(self, watch: LoopWatch | None) -> LoopNote | None:
+        if watch is None or watch.done or not watch.send or self.breaker is None:
+            return None
+        watch.done = True
+        return self.breaker.later(watch.identity, watch.call, None, send=True)
+
+    def _later(self, watch: LoopWatch) -> LoopNote | None:
+        outcome = self._outcome(watch, watch.response)
+        if outcome is None or self.breaker is None:
+            return None
+        failed, status, error = outcome
+        return self.breaker.later(watch.identity, watch.call, failed, status, error, watch.send)
+
+    def _outcome(self, watch: LoopWatch, response: Any) -> tuple[bool | None, int, str] | None:
+        """(failed, status, error type; failed None: the outcome is not counted), or None when
+        there is nothing to note."""
         if watch.done:
             return None
         watch.done = True
+        if not watch.judged:
+            return (None, 0, "") if watch.send else None
         status = int(response.status_code)
         stream = _event_stream(response)
         failed, error = failure_of(status, watch.head, stream)
         if stream and watch.marked and status not in _NOT_FAILURES:
             failed, error = True, error or "stream_error"
-        if not failed and not watch.needs_success:
+        if not (failed or watch.needs_success or watch.send):
             return None
         return failed, status if status >= 400 else 0, error
 
-    def _note(self, watch: LoopWatch, response: Any) -> None:
-        outcome = self._outcome(watch, response)
-        if outcome is None or self.breaker is None:
+    def _note(self, watch: LoopWatch) -> None:
+        """The stream ended or closed, and the settle did not take the note: send it alone
+        (to the background recorder if there is one)."""
+        note = self._later(watch)
+        if note is not None:
+            self._send_alone(note)
+
+    async def _anote(self, watch: LoopWatch) -> None:
+        note = self._later(watch)
+        if note is not None:
+            await self._asend_alone(note)
+
+    def _send_alone(self, note: LoopNote) -> None:
+        """A note with no record to ride with: to the background recorder, else a round trip."""
+        if self._recorder is not None:
+            self._recorder.submit(None, None, note)
             return
         try:
-            self.breaker.note(watch.identity, watch.call, *outcome)
+            note.send()
         except Exception as exc:  # only a fail_closed fuse raises; the response is the caller's
             logger.debug("tokenfuse: noting a call for the loop breaker failed: %r", exc)
 
-    async def _anote(self, watch: LoopWatch, response: Any) -> None:
-        outcome = self._outcome(watch, response)
-        if outcome is None or self.breaker is None:
+    async def _asend_alone(self, note: LoopNote) -> None:
+        if self._recorder is not None:
+            self._recorder.submit(None, None, note)  # never waits (inline only when full)
             return
         try:
-            await self.breaker.anote(watch.identity, watch.call, *outcome)
+            await note.asend()
         except Exception as exc:
             logger.debug("tokenfuse: noting a call for the loop breaker failed: %r", exc)
 

@@ -6,13 +6,19 @@ caller without waiting on the store. A worker thread takes what is pending, up t
 trip per batch (one script per key on Redis). So a process records tens of thousands of
 calls a second, and the calls themselves never wait for a record.
 
-* **Trips.** A batch that trips a key opens it in the store, and ``RedisStore`` marks it in
-  its open-key view at once (``MemoryStore`` is the state itself): the next gate of this
-  process is refused. A call whose usage is still pending when the next one is gated is not
-  counted yet; how far behind the worker runs is at most one batch.
+* **Failure-loop notes.** A call's note for the failure-loop breaker (``LoopNote``: its
+  send, its failure or success) waits with its usage, or alone for a call with no usage, and
+  goes in the same pipeline: one ``NoteLoopBatch`` per identity (``_loops.LoopNotes``). So
+  a guarded call with the breaker on costs the caller no round trip at all on ``RedisStore``
+  once its open-key view is synced (the check before it is the view's).
+* **Trips.** A batch that trips a key (or a call) opens it in the store, and ``RedisStore``
+  marks it in its open-key view at once (``MemoryStore`` is the state itself): the next gate
+  (or loop check) of this process is refused. A call whose usage or note is still pending when
+  the next one is gated is not counted yet; how far behind the worker runs is at most one
+  batch.
 * **Bounded.** At most ``max_pending`` calls wait. When that many do, or the worker has died,
-  the call is recorded at once, on the caller's path, as without a recorder: never dropped,
-  never blocked on the queue (``counts.inline``; logged at most once a minute).
+  the call is recorded (and noted) at once, on the caller's path, as without a recorder: never
+  dropped, never blocked on the queue (``counts.inline``; logged at most once a minute).
 * **Flushed** on ``close()`` of the transport, and at interpreter exit.
 * **Reports.** ``response.extensions["tokenfuse"].record`` is filled in when the batch is
   recorded, with the decision of its key's batch.
@@ -36,9 +42,13 @@ from dataclasses import dataclass
 from .._errors import ConfigurationError
 from .._events import logger
 from .._fuse import Fuse
+from .._loops import LoopNote, LoopNotes
 from .meter import Meter
 
 __all__ = ["Recorder", "RecorderCounts"]
+
+#: What waits: a call's meter and amount to record (None: none), and its loop note (or None).
+Pending = tuple[Meter | None, float | None, LoopNote | None]
 
 _LOG_EVERY = 60.0
 #: How long ``close()`` waits for the worker to send what is pending.
@@ -53,7 +63,7 @@ class RecorderCounts:
     0
     """
 
-    recorded: int = 0  # calls recorded by the worker
+    recorded: int = 0  # calls recorded (or noted) by the worker
     batches: int = 0  # store round trips the worker made
     inline: int = 0  # calls recorded on the caller's path: queue full, or no worker
     failed: int = 0  # batches whose recording raised (a fail_closed fuse with a dead store)
@@ -78,7 +88,7 @@ class Recorder:
         self.max_pending = max_pending
         self.max_batch = max_batch
         self.counts = RecorderCounts()
-        self._pending: deque[tuple[Meter, float]] = deque()
+        self._pending: deque[Pending] = deque()
         self._wake = threading.Event()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -88,15 +98,18 @@ class Recorder:
         self._next_warning = 0.0
         _at_exit.add(self)
 
-    def submit(self, meter: Meter, amount: float) -> None:
-        """Record ``amount`` for the meter's call, later; never blocks, never raises."""
+    def submit(
+        self, meter: Meter | None, amount: float | None, note: LoopNote | None = None
+    ) -> None:
+        """Record ``amount`` for the meter's call (None: nothing to record) and send its loop
+        ``note``, later; never blocks, never raises."""
         thread = self._thread
         if thread is None or not thread.is_alive():
             thread = self._start()
         if thread is None or len(self._pending) >= self.max_pending:
-            self._inline(meter, amount)
+            self._inline(meter, amount, note)
             return
-        self._pending.append((meter, amount))
+        self._pending.append((meter, amount, note))
         if not self._wake.is_set():
             self._wake.set()
 
@@ -114,8 +127,7 @@ class Recorder:
         if thread is not None and thread is not threading.current_thread():
             thread.join(FLUSH_WAIT)
         while self._pending:  # the worker is gone or stuck: record the rest here
-            meter, amount = self._pending.popleft()
-            self._inline(meter, amount, counted=False)
+            self._inline(*self._pending.popleft(), counted=False)
 
     # -- the worker -------------------------------------------------------------------------------
 
@@ -150,21 +162,31 @@ class Recorder:
             if self._closing:
                 return
 
-    def _send(self, batch: list[tuple[Meter, float]]) -> None:
+    def _send(self, batch: list[Pending]) -> None:
+        records = [(meter, amount) for meter, amount, _ in batch if meter and amount is not None]
+        notes = LoopNotes([note for _, _, note in batch if note is not None])
         try:
-            decisions = self.fuse.record_batch(
-                [(meter.identity, amount) for meter, amount in batch]
+            decisions, noted = self.fuse.record_batch_with(
+                [(meter.identity, amount) for meter, amount in records], notes.ops
             )
+            notes.decided(noted)
         except Exception as exc:  # only a fail_closed fuse raises: the next gate enforces it
             self.counts.failed += 1
             logger.debug("tokenfuse: recording a batch of usage failed: %r", exc)
             return
-        for (meter, _), decision in zip(batch, decisions, strict=True):
+        for (meter, _), decision in zip(records, decisions, strict=True):
             meter.report.record = decision
         self.counts.recorded += len(batch)
         self.counts.batches += 1
 
-    def _inline(self, meter: Meter, amount: float, *, counted: bool = True) -> None:
+    def _inline(
+        self,
+        meter: Meter | None,
+        amount: float | None,
+        note: LoopNote | None,
+        *,
+        counted: bool = True,
+    ) -> None:
         if counted:
             self.counts.inline += 1
             now = time.monotonic()
@@ -177,7 +199,16 @@ class Recorder:
                     self.counts.inline,
                 )
         try:
-            meter.report.record = self.fuse.record(meter.identity, amount)
+            if meter is None or amount is None:
+                if note is not None:
+                    note.send()
+                return
+            if note is None:
+                meter.report.record = self.fuse.record(meter.identity, amount)
+                return
+            # the record and the note in one round trip, as an inline transport sends them
+            meter.report.record, found = self.fuse.record_with(meter.identity, amount, [note.op])
+            note.decided(found[0] if found else None)
         except Exception as exc:  # a fail_closed fuse: the response is paid for already
             logger.debug("tokenfuse: recording usage failed, the call goes on: %r", exc)
 

@@ -7,10 +7,11 @@ transport; an OpenAI-style stream is asked for its usage on the way, ``usage_opt
 **meter** the response
 (``meter.Metering``: the usage side picks its reader, the report goes in its extensions) and
 **settle** the usage (``_settle``: the amount is recorded once the body is read, at once or when
-a stream ends or closes; or handed to a ``Recorder``, ``record="background"``). So a call costs
-at most two store round trips (on Redis the gate is usually answered from the store's local
-view of open keys, and background records go in batches), and a call whose usage trips the key
-still returns its (already paid for) response. Responses that carry no
+a stream ends or closes, with the call's failure-loop note in the same round trip; or both
+handed to a ``Recorder``, ``record="background"``). So a call costs at most two store round
+trips (on Redis the gate and the loop check are usually answered from the store's local view
+of open keys, and background records and notes go in batches: then none at all), and a call
+whose usage trips the key still returns its (already paid for) response. Responses that carry no
 countable usage skip the record.
 
 Both classes work inside ``httpx`` 0.28 and ``httpx2`` 2.x clients: the library is taken from
@@ -36,7 +37,7 @@ from .._usage.request import ERROR_HEAD
 from .budget_step import BudgetStep
 from .compat import Flavor, flavor_of
 from .identity import KeyOption, KeyResolver
-from .loop_step import LoopStep
+from .loop_step import LoopStep, LoopWatch
 from .meter import Meter, Metering
 from .recorder import Recorder
 from .refusal import Gatekeeper
@@ -133,6 +134,13 @@ def _wrong_client(transport: object) -> ConfigurationError:
     )
 
 
+def _settle_of(settle: Any, hold: Hold | None, watch: LoopWatch | None) -> Any:
+    """The transport's settle step for one call: with its hold and its loop watch, if any."""
+    if hold is None and watch is None:
+        return settle
+    return partial(settle, hold=hold, watch=watch)
+
+
 def _record_failed(exc: Exception) -> None:
     # Only a fail_closed fuse raises here, and it has reported the outage already. The
     # response is paid for and must reach the caller; the next gate enforces fail_closed.
@@ -196,10 +204,11 @@ class FuseTransport(_SyncBase):
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
-        self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
+        self._recorder = _recorder(self.fuse, record)
+        policy = _loop_policy(failure_loops)
+        self._loops = LoopStep(self.fuse, policy, self._gate, self._recorder)
         self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
-        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _InnerTransport] = {}
         self._lock = threading.Lock()
@@ -219,25 +228,33 @@ class FuseTransport(_SyncBase):
         flavor = flavor_of(request)
         identity = self._identify(request)
         # One round trip before sending: the velocity gate, the run budgets' reservations
-        # (budget_step) and the failure-loop check (loop_step). A refusing gate releases the
-        # reservations; a refusing loop check, or a send that raises, releases them here.
+        # (budget_step) and the failure-loop check (loop_step); none when a RedisStore's
+        # open-key view answers the gate and the check (on_repeat="event") and no run is
+        # bound. A refusing gate releases the reservations; a refusing loop check, or a send
+        # that raises, releases them here.
         check = self._loops.prepare(identity, request)
         also = (check.op,) if check is not None else ()
         gate, hold, found = self._budget.gate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
+        watch = None
         try:
             watch = self._loops.conclude(identity, check, found and found[0], request)
             response, sent = self._send(flavor, request)
         except BaseException:
             self._budget.settle(hold, None)
+            self._loops.raised(watch)  # a send that raised is a send all the same
             raise
-        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        settle = _settle_of(self._settle, hold, watch)
         meter = self._metering.start(sent, response, identity, gate)
+        # The failure-loop watch (loop_step) sees the body before the settle, which takes
+        # the call's note to send with its record: at once for a read body, else at the end
+        # of the stream (the loop step's stream wraps the metered one, which settles first).
         if meter.streaming:
             response.stream = sync_stream_type(flavor)(response.stream, meter, settle)
+            self._loops.after(watch, response, flavor)
         else:
+            self._loops.after(watch, response, flavor)
             settle(meter, True)
-        self._loops.after(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
     def close(self) -> None:
@@ -281,23 +298,37 @@ class FuseTransport(_SyncBase):
                     made = self._made[flavor.name] = flavor.http_transport()
         return made
 
-    def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
+    def _settle(
+        self,
+        meter: Meter,
+        complete: bool,
+        hold: Hold | None = None,
+        watch: LoopWatch | None = None,
+    ) -> None:
         amount = meter.finish(complete=complete)
-        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
-        inline = None if amount is None or self._recorder else (meter.identity, amount)
-        recorded, decision = self._budget.settle(hold, meter.report.usage, inline)
-        if recorded:
-            meter.report.record = decision
-            return
-        if amount is None:
-            return
+        note = self._loops.take(watch, meter.streaming)  # the failure-loop note (loop_step)
         if self._recorder is not None:
-            self._recorder.submit(meter, amount)
+            self._budget.settle(hold, meter.report.usage)
+            if amount is not None or note is not None:
+                self._recorder.submit(meter, amount, note)
             return
+        # -- inline: the record, the run budgets' settlements and the note in one trip --
+        also = () if note is None else (note.op,)
+        inline = None if amount is None else (meter.identity, amount)
+        recorded, decision, found = self._budget.settle(hold, meter.report.usage, inline, also)
         try:
-            meter.report.record = self.fuse.record(meter.identity, amount)
+            if recorded:
+                meter.report.record = decision
+            elif amount is not None:
+                meter.report.record, found = self.fuse.record_with(meter.identity, amount, also)
+            elif note is not None:
+                note.send()
+                return
         except Exception as exc:
             _record_failed(exc)
+            return
+        if note is not None:
+            note.decided(found[0] if found else None)
 
 
 class AsyncFuseTransport(_AsyncBase):
@@ -327,10 +358,11 @@ class AsyncFuseTransport(_AsyncBase):
         self._identify = KeyResolver(key)
         self._metering = Metering(self.fuse, registry, estimate)
         self._gate = Gatekeeper(shadow)
-        self._loops = LoopStep(self.fuse, _loop_policy(failure_loops), self._gate)
+        self._recorder = _recorder(self.fuse, record)
+        policy = _loop_policy(failure_loops)
+        self._loops = LoopStep(self.fuse, policy, self._gate, self._recorder)
         self._budget = BudgetStep(self.fuse, self._gate.shadow)  # run budgets (budget_step)
         self._usage_option = UsageOption(inject_usage, self.fuse)
-        self._recorder = _recorder(self.fuse, record)
         self._inner = inner
         self._made: dict[str, _AsyncInnerTransport] = {}
 
@@ -353,19 +385,23 @@ class AsyncFuseTransport(_AsyncBase):
         also = (check.op,) if check is not None else ()
         gate, hold, found = await self._budget.agate_and_reserve(identity, request, also)
         self._gate.check(gate, request)
+        watch = None
         try:
             watch = self._loops.conclude(identity, check, found and found[0], request)
             response, sent = await self._send(flavor, request)
         except BaseException:
             await self._budget.asettle(hold, None)
+            await self._loops.araised(watch)
             raise
-        settle = self._settle if hold is None else partial(self._settle, hold=hold)
+        settle = _settle_of(self._settle, hold, watch)
         meter = self._metering.start(sent, response, identity, gate)
+        # as in FuseTransport.handle_request: the loop watch first, then the settle
         if meter.streaming:
             response.stream = async_stream_type(flavor)(response.stream, meter, settle)
+            await self._loops.aafter(watch, response, flavor)
         else:
+            await self._loops.aafter(watch, response, flavor)
             await settle(meter, True)
-        await self._loops.aafter(watch, response, flavor)  # failure-loop breaker (loop_step)
         return response
 
     async def aclose(self) -> None:
@@ -407,20 +443,37 @@ class AsyncFuseTransport(_AsyncBase):
             made = self._made[flavor.name] = flavor.async_http_transport()
         return made
 
-    async def _settle(self, meter: Meter, complete: bool, hold: Hold | None = None) -> None:
+    async def _settle(
+        self,
+        meter: Meter,
+        complete: bool,
+        hold: Hold | None = None,
+        watch: LoopWatch | None = None,
+    ) -> None:
         amount = meter.finish(complete=complete)
-        # -- run budgets (budget_step): the settlements, with an inline record in one trip --
-        inline = None if amount is None or self._recorder else (meter.identity, amount)
-        recorded, decision = await self._budget.asettle(hold, meter.report.usage, inline)
-        if recorded:
-            meter.report.record = decision
-            return
-        if amount is None:
-            return
+        note = self._loops.take(watch, meter.streaming)
         if self._recorder is not None:
-            self._recorder.submit(meter, amount)  # never waits (inline only when full)
+            await self._budget.asettle(hold, meter.report.usage)
+            if amount is not None or note is not None:
+                self._recorder.submit(meter, amount, note)  # never waits (inline only when full)
             return
+        also = () if note is None else (note.op,)
+        inline = None if amount is None else (meter.identity, amount)
+        recorded, decision, found = await self._budget.asettle(
+            hold, meter.report.usage, inline, also
+        )
         try:
-            meter.report.record = await self.fuse.arecord(meter.identity, amount)
+            if recorded:
+                meter.report.record = decision
+            elif amount is not None:
+                meter.report.record, found = await self.fuse.arecord_with(
+                    meter.identity, amount, also
+                )
+            elif note is not None:
+                await note.asend()
+                return
         except Exception as exc:
             _record_failed(exc)
+            return
+        if note is not None:
+            note.decided(found[0] if found else None)

@@ -907,15 +907,32 @@ local function announce_loops_forgotten(key, calls, fingerprint)
   redis.call('PUBLISH', prefix .. ':open-keys', 'f ' .. fingerprint .. ' ' .. key)
 end
 
+local function new_sends(c, now, p)
+  if c.sends <= 0 or now - c.sends_since > p.repeat_window then
+    c.sends = 0.0
+    c.sends_since = now
+  end
+end
+
+-- check_loop without counting (loops._peek): the refusal of a refused call, else allowed with
+-- the failures counted so far. Changes nothing: the caller does not save.
+local function peek_loop(calls, fingerprint, now, p)
+  for _, c in ipairs(calls) do
+    if c.fingerprint == fingerprint then
+      if c.open_until > now then return loop_refused(c, now, p, 0, 0) end
+      if c.open_until > 0 then break end
+      return loop_verdict(1, 0, 0, 0, 0.0, 0.0, 0.0, c.failures, 0.0, '')
+    end
+  end
+  return loop_verdict(1, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, '')
+end
+
 local function check_loop(calls, fingerprint, now, p)
   local c = loop_call(calls, fingerprint, now, p)
   c.last_seen = now
   cooled(c, now)
   if c.open_until > now then return loop_refused(c, now, p, 0, 0) end
-  if c.sends <= 0 or now - c.sends_since > p.repeat_window then
-    c.sends = 0.0
-    c.sends_since = now
-  end
+  new_sends(c, now, p)
   if c.sends + 1 >= p.repeats and p.refuse_repeats then
     return loop_verdict(0, REPEAT_LOOP, 0, 0, c.sends + 1, p.repeat_window,
       c.sends_since + p.repeat_window - now, c.failures, c.status, c.error)
@@ -927,14 +944,25 @@ local function check_loop(calls, fingerprint, now, p)
     c.error)
 end
 
-local function note_loop(calls, fingerprint, failed, status, err, now, p)
+-- failed: true, false, or nil (the outcome is not counted); send: count a send first.
+local function note_loop(calls, fingerprint, failed, status, err, now, p, send)
   local c = loop_call(calls, fingerprint, now, p)
   c.last_seen = now
   cooled(c, now)
+  local repeated = 0
+  if send then
+    new_sends(c, now, p)
+    c.sends = c.sends + 1
+    if c.sends == p.repeats then repeated = 1 end
+  end
   if not failed then
-    if c.open_until <= 0 then
+    if failed ~= nil and c.open_until <= 0 then
       c.failures = 0.0
       c.failures_since = 0.0
+    end
+    if repeated == 1 then
+      return loop_verdict(1, 0, 0, 1, c.sends, p.repeat_window, 0.0, c.failures, c.status,
+        c.error)
     end
     return loop_verdict(1, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, '')
   end
@@ -954,9 +982,19 @@ local function note_loop(calls, fingerprint, failed, status, err, now, p)
     c.last_trip = now
     c.open_until = now + math.min(p.cooldown * 2 ^ c.strikes, p.cooldown_max)
     announce_loop_trip(KEYS[1], c, now, p)
-    return loop_refused(c, now, p, 1, 1)
+    return loop_verdict(1, FAILURE_LOOP, 1, repeated, c.failures, p.failure_window,
+      c.open_until - now, c.failures, c.status, c.error)
+  end
+  if repeated == 1 then
+    return loop_verdict(1, 0, 0, 1, c.sends, p.repeat_window, 0.0, c.failures, status, err)
   end
   return loop_verdict(1, 0, 0, 0, c.failures, p.failure_window, 0.0, c.failures, status, err)
+end
+
+-- A note's outcome as the scripts take it: '1' failed, '0' succeeded, '' not counted (nil).
+local function note_outcome(arg)
+  if arg == '' then return nil end
+  return arg == '1'
 end
 
 -- ---------------------------------------------------------------------------------------------
