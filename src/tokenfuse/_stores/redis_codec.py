@@ -410,7 +410,7 @@ def _velocity_fields(fields: Sequence[Any]) -> VelocityVerdict:
     allowed, tripped, reason, rate, limit, baseline, multiple, retry_after, window = fields
     if int(allowed) == 1:  # '1 0 0 <rate> <limit> <baseline> <multiple> 0 nan', the common case
         return VelocityVerdict(
-            True, False, None, float(rate), *map(_maybe, (limit, baseline, multiple))
+            True, False, None, float(rate), _maybe(limit), _maybe(baseline), _maybe(multiple)
         )
     return VelocityVerdict(
         allowed=int(allowed) == 1,
