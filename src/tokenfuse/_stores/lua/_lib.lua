@@ -56,8 +56,11 @@ local OPEN_FORMAT = '<dd' -- 2: the velocity block up to open_until (the gate's)
 local V_SIZE = 704 -- bytes of the velocity block
 local B_SIZE = 64 -- bytes of the bucket block
 local V_DOUBLES = 88 -- doubles in the velocity block
--- The velocity state v is the block's doubles in a flat list (load_velocity): its fields at
--- these indices, each ring's values right after its index (v[AMOUNTS + 1] .. v[AMOUNTS + SLOTS]).
+-- The velocity state v is the block's doubles in a flat list, as one unpack returns them
+-- (load_velocity): its fields at these indices, each ring's values right after its index
+-- (v[AMOUNTS + 1] .. v[AMOUNTS + SLOTS] is Python's amounts[0..12]). A decision unpacks and
+-- packs the block once and builds no table per field or ring: those cost a record more than
+-- its rules did (docs/design.md#state-layout).
 local FIRST_SEEN = 1
 local OPEN_UNTIL = 2
 local HEAD = 3
@@ -212,13 +215,10 @@ local function load_state(key)
   return s
 end
 
--- The velocity state is the block's doubles as one unpack returns them, in a flat list (the
--- field names above are its indices: v[OPEN_UNTIL] is VelocityState.open_until, and
--- v[AMOUNTS + i] is Python's amounts[i - 1]): a decision unpacks and packs the block once and
--- builds no table per field or ring, which cost a record more than its rules did.
+-- VelocityState(first_seen=now), as a flat list (v[OPEN_UNTIL] ...: see the indices above).
 local function new_velocity(now)
   local v = {now, 0.0, -1, -1, 0.0, 0.0, 0.0, 0, 0.0, -1, 0, 0.0, 0, 0.0, 0.0, -1.0, 0.0, 0.0,
-    0.0, 0.0, 0.0, -1, 0.0, 0.0} -- first_seen .. spread, as VelocityState(first_seen=now)
+    0.0, 0.0, 0.0, -1, 0.0, 0.0} -- first_seen .. spread
   for i = AMOUNTS + 1, PROFILE + PROFILE_WORDS do v[i] = 0.0 end -- the rings
   v[LIMIT_OVERRIDE] = -1.0
   return v
@@ -431,7 +431,8 @@ local function established_rules(v, amount, rate, largest, normal, now, p)
   local avg = average(v, now, p)
   local sustained = math.max(p.sustained_multiple * avg, p.sustained_baseline_multiple * normal)
   local long = long_rate(v, now)
-  if long - math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS)) * (MINUTE / LONG_WINDOW) >= sustained then
+  local largest_minute = math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
+  if long - largest_minute * (MINUTE / LONG_WINDOW) >= sustained then
     return SUSTAINED, long, sustained, avg, LONG_WINDOW
   end
   local floor = p.cold_start_limit
@@ -460,7 +461,8 @@ local function cold_start_rules(v, rate, largest, normal, now, p)
   if budget ~= nil then
     budget = math.max(budget, p.sustained_baseline_multiple * normal)
     local long = long_rate(v, now)
-    if long - math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS)) * (MINUTE / LONG_WINDOW) > budget then
+    local largest_minute = math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
+    if long - largest_minute * (MINUTE / LONG_WINDOW) > budget then
       return BUDGET, long, budget, LONG_WINDOW
     end
   end
