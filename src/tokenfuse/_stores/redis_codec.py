@@ -236,10 +236,37 @@ def _none_as_minus_one(value: float | None) -> float:
     return -1.0 if value is None else value
 
 
-@functools.lru_cache(maxsize=256)
+# Policies are encoded once per policy object and found again by identity: an lru_cache keyed
+# by the policy would hash and compare its eighteen fields on every decision.
+_ENCODED: dict[int, tuple[object, bytes]] = {}
+_ENCODED_MAX = 256
+
+
+def _encoded_before(policy: object) -> bytes | None:
+    entry = _ENCODED.get(id(policy))
+    return entry[1] if entry is not None and entry[0] is policy else None
+
+
+def _remember(policy: object, encoded: bytes) -> bytes:
+    if len(_ENCODED) >= _ENCODED_MAX:  # bounded: policies are few, unless made per call
+        _ENCODED.clear()
+    _ENCODED[id(policy)] = (policy, encoded)  # holding it keeps its id from being reused
+    return encoded
+
+
 def _velocity_policy(policy: VelocityPolicy | None) -> bytes:
     if policy is None:
         return b""
+    return _encoded_before(policy) or _remember(policy, _pack_velocity_policy(policy))
+
+
+def _bucket_policy(policy: BucketPolicy | None) -> bytes:
+    if policy is None:
+        return b""
+    return _encoded_before(policy) or _remember(policy, _pack_bucket_policy(policy))
+
+
+def _pack_velocity_policy(policy: VelocityPolicy) -> bytes:
     return _VELOCITY_POLICY.pack(
         _none_as_minus_one(policy.limit),
         policy.spike_multiple,
@@ -262,10 +289,7 @@ def _velocity_policy(policy: VelocityPolicy | None) -> bytes:
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _bucket_policy(policy: BucketPolicy | None) -> bytes:
-    if policy is None:
-        return b""
+def _pack_bucket_policy(policy: BucketPolicy) -> bytes:
     return _BUCKET_POLICY.pack(
         policy.rate, policy.capacity, policy.near_limit_fraction, policy.near_limit_after
     )
@@ -409,6 +433,10 @@ def _maybe(text: bytes | str) -> float | None:
 
 def _velocity_fields(fields: Sequence[Any]) -> VelocityVerdict:
     allowed, tripped, reason, rate, limit, baseline, multiple, retry_after, window = fields
+    if int(allowed) == 1:  # '1 0 0 <rate> <limit> <baseline> <multiple> 0 nan', the common case
+        return VelocityVerdict(
+            True, False, None, float(rate), _maybe(limit), _maybe(baseline), _maybe(multiple)
+        )
     return VelocityVerdict(
         allowed=int(allowed) == 1,
         tripped=int(tripped) == 1,

@@ -55,7 +55,43 @@ local B_FORMAT = '<dddddddd' -- 8: bucket block
 local OPEN_FORMAT = '<dd' -- 2: the velocity block up to open_until (the gate's)
 local V_SIZE = 704 -- bytes of the velocity block
 local B_SIZE = 64 -- bytes of the bucket block
-local V_SCALARS = 24 -- the velocity block's numbers before its rings
+local V_DOUBLES = 88 -- doubles in the velocity block
+-- The velocity state v is the block's doubles in a flat list, as one unpack returns them
+-- (load_velocity): its fields at these indices, each ring's values right after its index
+-- (v[AMOUNTS + 1] .. v[AMOUNTS + SLOTS] is Python's amounts[0..12]). A decision unpacks and
+-- packs the block once and builds no table per field or ring: those cost a record more than
+-- its rules did (docs/design.md#state-layout).
+local FIRST_SEEN = 1
+local OPEN_UNTIL = 2
+local HEAD = 3
+local MINUTE_HEAD = 4
+local BASELINE = 5
+local CALLS = 6
+local WEIGHT = 7
+local SAMPLES = 8
+local LEARNED_AT = 9
+local DISCARD_THROUGH = 10
+local STRIKES = 11
+local LAST_TRIP = 12
+local TRIP_REASON = 13
+local TRIP_RATE = 14
+local TRIP_LIMIT = 15
+local TRIP_BASELINE = 16
+local TRIP_WINDOW = 17
+local EARLY_LEVEL = 18
+local EARLY_AT = 19
+local EARLY_SINCE = 20
+local EARLY_AMOUNT = 21
+local EXCUSED_SLOT = 22
+local EXCUSED_AMOUNT = 23
+local SPREAD = 24
+local AMOUNTS = 24 -- 13 (SLOTS)
+local LARGEST = 37 -- 13
+local MINUTE_AMOUNTS = 50 -- 11 (LONG_SLOTS)
+local MINUTE_LARGEST = 61 -- 11
+local MINUTE_CALLS = 72 -- 11
+local PROFILE = 83 -- 4 (PROFILE_WORDS)
+local LIMIT_OVERRIDE = 88
 local VP_FORMAT = '<dddddddddddddddddd' -- 18: velocity policy
 local BP_FORMAT = '<dddd' -- 4: bucket policy
 
@@ -179,56 +215,19 @@ local function load_state(key)
   return s
 end
 
-local function zeros(count)
-  local t = {}
-  for i = 1, count do t[i] = 0.0 end
-  return t
-end
-
+-- VelocityState(first_seen=now), as a flat list (v[OPEN_UNTIL] ...: see the indices above).
 local function new_velocity(now)
-  return {
-    first_seen = now, open_until = 0.0, head = -1, minute_head = -1, baseline = 0.0,
-    calls = 0.0, weight = 0.0, samples = 0, learned_at = 0.0, discard_through = -1,
-    strikes = 0, last_trip = 0.0, trip_reason = 0, trip_rate = 0.0, trip_limit = 0.0,
-    trip_baseline = -1.0, trip_window = 0.0, early_level = 0.0, early_at = 0.0,
-    early_since = 0.0, early_amount = 0.0, excused_slot = -1, excused_amount = 0.0,
-    spread = 0.0, amounts = zeros(SLOTS), largest = zeros(SLOTS), minute_amounts = zeros(LONG_SLOTS),
-    minute_largest = zeros(LONG_SLOTS), minute_calls = zeros(LONG_SLOTS),
-    profile = zeros(PROFILE_WORDS), limit_override = -1.0,
-  }
+  local v = {now, 0.0, -1, -1, 0.0, 0.0, 0.0, 0, 0.0, -1, 0, 0.0, 0, 0.0, 0.0, -1.0, 0.0, 0.0,
+    0.0, 0.0, 0.0, -1, 0.0, 0.0} -- first_seen .. spread
+  for i = AMOUNTS + 1, PROFILE + PROFILE_WORDS do v[i] = 0.0 end -- the rings
+  v[LIMIT_OVERRIDE] = -1.0
+  return v
 end
 
--- count numbers of n from position at + 1 on, as a list
-local function slice(n, at, count)
-  local t = {}
-  for i = 1, count do t[i] = n[at + i] end
-  return t
-end
-
--- The velocity state in string s, or nil. The rings are 1-based: amounts[i + 1] is Python's
--- amounts[i].
+-- The velocity state in string s, or nil.
 local function load_velocity(s)
   if not s or #s == B_SIZE then return nil end
-  local n = {unpack_doubles(V_FORMAT, s)}
-  local at = V_SCALARS
-  local v = {
-    first_seen = n[1], open_until = n[2], head = n[3], minute_head = n[4], baseline = n[5],
-    calls = n[6], weight = n[7], samples = n[8], learned_at = n[9], discard_through = n[10],
-    strikes = n[11], last_trip = n[12], trip_reason = n[13], trip_rate = n[14],
-    trip_limit = n[15], trip_baseline = n[16], trip_window = n[17], early_level = n[18],
-    early_at = n[19], early_since = n[20], early_amount = n[21], excused_slot = n[22],
-    excused_amount = n[23], spread = n[24],
-  }
-  v.amounts = slice(n, at, SLOTS)
-  v.largest = slice(n, at + SLOTS, SLOTS)
-  at = at + 2 * SLOTS
-  v.minute_amounts = slice(n, at, LONG_SLOTS)
-  v.minute_largest = slice(n, at + LONG_SLOTS, LONG_SLOTS)
-  v.minute_calls = slice(n, at + 2 * LONG_SLOTS, LONG_SLOTS)
-  at = at + 3 * LONG_SLOTS
-  v.profile = slice(n, at, PROFILE_WORDS)
-  v.limit_override = n[at + PROFILE_WORDS + 1]
-  return v
+  return {unpack_doubles(V_FORMAT, s)} -- (struct's next position lands past the block: unused)
 end
 
 local function new_bucket(tokens, now)
@@ -253,18 +252,7 @@ end
 local function save(key, ttl, s, v, b)
   local blob = ''
   if v then
-    local n = {
-      v.first_seen, v.open_until, v.head, v.minute_head, v.baseline, v.calls, v.weight,
-      v.samples, v.learned_at, v.discard_through, v.strikes, v.last_trip, v.trip_reason,
-      v.trip_rate, v.trip_limit, v.trip_baseline, v.trip_window, v.early_level, v.early_at,
-      v.early_since, v.early_amount, v.excused_slot, v.excused_amount, v.spread,
-    }
-    for _, ring in ipairs({v.amounts, v.largest, v.minute_amounts, v.minute_largest,
-        v.minute_calls, v.profile}) do
-      for i = 1, #ring do n[#n + 1] = ring[i] end
-    end
-    n[#n + 1] = v.limit_override
-    blob = pack(V_FORMAT, unpack(n))
+    blob = pack(V_FORMAT, unpack(v, 1, V_DOUBLES))
   elseif s and #s ~= B_SIZE then
     blob = string.sub(s, 1, V_SIZE)
   end
@@ -282,101 +270,103 @@ end
 
 local function advance(v, now)
   local slot = math.floor(now / SLOT_SECONDS)
-  if slot > v.head then
-    local a, x = v.amounts, v.largest
-    for index = math.max(v.head + 1, slot - SLOTS + 1), slot do
+  local head = v[HEAD]
+  if slot > head then
+    for index = math.max(head + 1, slot - SLOTS + 1), slot do
       local i = index % SLOTS + 1
-      a[i] = 0.0
-      x[i] = 0.0
+      v[AMOUNTS + i] = 0.0
+      v[LARGEST + i] = 0.0
     end
-    v.head = slot
+    v[HEAD] = slot
   end
-  return v.head -- a clock that stepped back writes into the newest slot
+  return v[HEAD] -- a clock that stepped back writes into the newest slot
 end
 
-local function sliding_sum(values, count, head, now, seconds)
+-- The ring of count values after index ring of v, summed over its sliding window.
+local function sliding_sum(v, ring, count, head, now, seconds)
   local oldest = (head + 1) % count + 1
   local elapsed = math.min(math.max((now - head * seconds) / seconds, 0.0), 1.0)
   local total = 0.0 -- left to right, as the core adds
-  for i = 1, count do total = total + values[i] end
-  return total - values[oldest] * elapsed
+  for i = ring + 1, ring + count do total = total + v[i] end
+  return total - v[ring + oldest] * elapsed
 end
 
 local function window(v, now)
-  return sliding_sum(v.amounts, SLOTS, v.head, now, SLOT_SECONDS), math.max(unpack(v.largest))
+  return sliding_sum(v, AMOUNTS, SLOTS, v[HEAD], now, SLOT_SECONDS),
+    math.max(unpack(v, LARGEST + 1, LARGEST + SLOTS))
 end
 
 local function long_rate(v, now)
-  return sliding_sum(v.minute_amounts, LONG_SLOTS, v.minute_head, now, MINUTE) *
+  return sliding_sum(v, MINUTE_AMOUNTS, LONG_SLOTS, v[MINUTE_HEAD], now, MINUTE) *
     (MINUTE / LONG_WINDOW)
 end
 
 local function largest_slot(v)
   local best, ring = -1.0, 0
   for index = 0, SLOTS - 1 do
-    if v.largest[index + 1] > best then
-      best = v.largest[index + 1]
+    if v[LARGEST + index + 1] > best then
+      best = v[LARGEST + index + 1]
       ring = index
     end
   end
-  return v.head - (v.head - ring) % SLOTS
+  return v[HEAD] - (v[HEAD] - ring) % SLOTS
 end
 
 local function learn(v, amount, calls, at, p)
-  if v.samples >= p.min_samples then
-    amount = math.min(amount, p.learn_clip * v.baseline)
-    calls = math.min(calls, p.learn_clip * v.calls)
+  if v[SAMPLES] >= p.min_samples then
+    amount = math.min(amount, p.learn_clip * v[BASELINE])
+    calls = math.min(calls, p.learn_clip * v[CALLS])
   end
-  if v.weight > 0.0 then
-    local decay = math.exp(-(at - v.learned_at) * LN2 / p.half_life)
-    v.weight = v.weight * decay + 1.0
+  if v[WEIGHT] > 0.0 then
+    local decay = math.exp(-(at - v[LEARNED_AT]) * LN2 / p.half_life)
+    v[WEIGHT] = v[WEIGHT] * decay + 1.0
   else
-    v.weight = 1.0
+    v[WEIGHT] = 1.0
   end
-  v.baseline = v.baseline + (amount - v.baseline) / v.weight
-  v.calls = v.calls + (calls - v.calls) / v.weight
-  v.spread = v.spread + (amount * amount - v.spread) / v.weight
-  v.samples = v.samples + 1
-  v.learned_at = at
+  v[BASELINE] = v[BASELINE] + (amount - v[BASELINE]) / v[WEIGHT]
+  v[CALLS] = v[CALLS] + (calls - v[CALLS]) / v[WEIGHT]
+  v[SPREAD] = v[SPREAD] + (amount * amount - v[SPREAD]) / v[WEIGHT]
+  v[SAMPLES] = v[SAMPLES] + 1
+  v[LEARNED_AT] = at
 end
 
 local function roll_minutes(v, now, p)
   local minute = math.floor(now / MINUTE)
-  local head = v.minute_head
+  local head = v[MINUTE_HEAD]
   if minute <= head then return end
   for index = math.max(head - LONG_SLOTS + 1, 0), math.min(head, minute - LONG_SLOTS) do
     local ring = index % LONG_SLOTS + 1
-    local amount = v.minute_amounts[ring]
-    if amount > 0.0 and index > v.discard_through then
-      learn(v, amount, v.minute_calls[ring], (index + 1) * MINUTE, p)
+    local amount = v[MINUTE_AMOUNTS + ring]
+    if amount > 0.0 and index > v[DISCARD_THROUGH] then
+      learn(v, amount, v[MINUTE_CALLS + ring], (index + 1) * MINUTE, p)
     end
-    v.minute_amounts[ring] = 0.0
-    v.minute_largest[ring] = 0.0
-    v.minute_calls[ring] = 0.0
+    v[MINUTE_AMOUNTS + ring] = 0.0
+    v[MINUTE_LARGEST + ring] = 0.0
+    v[MINUTE_CALLS + ring] = 0.0
   end
-  v.minute_head = minute
+  v[MINUTE_HEAD] = minute
 end
 
 local function established(v, now, p)
-  return now - v.first_seen >= p.learning_period and v.samples >= p.min_samples
+  return now - v[FIRST_SEEN] >= p.learning_period and v[SAMPLES] >= p.min_samples
 end
 
 local function average(v, now, p)
-  local age = now - v.first_seen
-  if v.weight <= 0.0 or age <= 0.0 then return 0.0 end
-  local decay = math.exp(-(now - v.learned_at) * LN2 / p.half_life)
+  local age = now - v[FIRST_SEEN]
+  if v[WEIGHT] <= 0.0 or age <= 0.0 then return 0.0 end
+  local decay = math.exp(-(now - v[LEARNED_AT]) * LN2 / p.half_life)
   local minutes = p.half_life / (MINUTE * LN2) * (1.0 - math.exp(-age * LN2 / p.half_life))
-  return v.baseline * v.weight * decay / minutes
+  return v[BASELINE] * v[WEIGHT] * decay / minutes
 end
 
 local function typical_peak(v, p)
   if p.rms_share == nil then return 0.0 end
-  return p.rms_share * math.sqrt(v.spread)
+  return p.rms_share * math.sqrt(v[SPREAD])
 end
 
 local function allowance(v, now)
   local hour = math.floor(now / HOUR) % 24
-  local word = v.profile[math.floor(hour / 6) + 1]
+  local word = v[PROFILE + math.floor(hour / 6) + 1]
   if word == 0.0 then return 0.0 end
   local code = math.floor(word / 2.0 ^ (8 * (hour % 6))) % 256
   if code == 0 then return 0.0 end
@@ -386,36 +376,36 @@ end
 local function teach(v, hour, rate)
   local code = math.min(math.max(math.ceil(8.0 * math.log(rate) / LN2), 1.0), 255.0)
   local place = 2.0 ^ (8 * (hour % 6))
-  local at = math.floor(hour / 6) + 1
-  local word = v.profile[at]
+  local at = PROFILE + math.floor(hour / 6) + 1
+  local word = v[at]
   local old = math.floor(word / place) % 256
-  if code > old then v.profile[at] = word + (code - old) * place end
+  if code > old then v[at] = word + (code - old) * place end
 end
 
 local function ceiling_of(v, p)
-  if v.limit_override >= 0.0 then return v.limit_override end
+  if v[LIMIT_OVERRIDE] >= 0.0 then return v[LIMIT_OVERRIDE] end
   return p.limit
 end
 
 local function feed_early(v, amount, now, normal, p)
-  local pace = p.spike_multiple * v.calls * (normal / v.baseline) / MINUTE
-  local level = math.max(v.early_level - pace * math.max(now - v.early_at, 0.0), 0.0)
+  local pace = p.spike_multiple * v[CALLS] * (normal / v[BASELINE]) / MINUTE
+  local level = math.max(v[EARLY_LEVEL] - pace * math.max(now - v[EARLY_AT], 0.0), 0.0)
   if level == 0.0 then
-    v.early_since = now
-    v.early_amount = 0.0
+    v[EARLY_SINCE] = now
+    v[EARLY_AMOUNT] = 0.0
   end
-  v.early_level = level + math.min(amount * v.calls / v.baseline, 1.0)
-  v.early_amount = v.early_amount + amount
-  v.early_at = now
+  v[EARLY_LEVEL] = level + math.min(amount * v[CALLS] / v[BASELINE], 1.0)
+  v[EARLY_AMOUNT] = v[EARLY_AMOUNT] + amount
+  v[EARLY_AT] = now
 end
 
 -- (rate, span) when the excused large call and this one run at the threshold, else nil
 local function sparse(v, largest, threshold)
   local slot = largest_slot(v)
-  if slot == v.excused_slot and largest == v.excused_amount then return nil end
-  local before, at = v.excused_amount, v.excused_slot
-  v.excused_slot = slot
-  v.excused_amount = largest
+  if slot == v[EXCUSED_SLOT] and largest == v[EXCUSED_AMOUNT] then return nil end
+  local before, at = v[EXCUSED_AMOUNT], v[EXCUSED_SLOT]
+  v[EXCUSED_SLOT] = slot
+  v[EXCUSED_AMOUNT] = largest
   if at < 0 then return nil end
   local span = math.max((slot - at) * SLOT_SECONDS, WINDOW_SECONDS)
   local rate = (before + largest) * (WINDOW_SECONDS / span)
@@ -431,21 +421,22 @@ local function established_rules(v, amount, rate, largest, normal, now, p)
     local pair, span = sparse(v, largest, threshold)
     if pair ~= nil then return SPARSE, pair, threshold, normal, span end
   end
-  if p.early_threshold ~= nil and v.calls > 0.0 then
+  if p.early_threshold ~= nil and v[CALLS] > 0.0 then
     feed_early(v, amount, now, normal, p)
-    if v.early_level >= p.early_threshold then
-      local span = math.max(now - v.early_since, 1.0)
-      return EARLY, v.early_amount * (WINDOW_SECONDS / span), threshold, normal, span
+    if v[EARLY_LEVEL] >= p.early_threshold then
+      local span = math.max(now - v[EARLY_SINCE], 1.0)
+      return EARLY, v[EARLY_AMOUNT] * (WINDOW_SECONDS / span), threshold, normal, span
     end
   end
   local avg = average(v, now, p)
   local sustained = math.max(p.sustained_multiple * avg, p.sustained_baseline_multiple * normal)
   local long = long_rate(v, now)
-  if long - math.max(unpack(v.minute_largest)) * (MINUTE / LONG_WINDOW) >= sustained then
+  local largest_minute = math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
+  if long - largest_minute * (MINUTE / LONG_WINDOW) >= sustained then
     return SUSTAINED, long, sustained, avg, LONG_WINDOW
   end
   local floor = p.cold_start_limit
-  if floor ~= nil and p.ceiling_multiple ~= nil and v.limit_override < 0.0 then
+  if floor ~= nil and p.ceiling_multiple ~= nil and v[LIMIT_OVERRIDE] < 0.0 then
     local top = math.max(p.ceiling_multiple * normal, floor)
     if rate > top then return TOP, rate, top, normal, WINDOW_SECONDS end
   end
@@ -470,7 +461,8 @@ local function cold_start_rules(v, rate, largest, normal, now, p)
   if budget ~= nil then
     budget = math.max(budget, p.sustained_baseline_multiple * normal)
     local long = long_rate(v, now)
-    if long - math.max(unpack(v.minute_largest)) * (MINUTE / LONG_WINDOW) > budget then
+    local largest_minute = math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
+    if long - largest_minute * (MINUTE / LONG_WINDOW) > budget then
       return BUDGET, long, budget, LONG_WINDOW
     end
   end
@@ -480,7 +472,7 @@ end
 local function judge(v, amount, now, p)
   local rate, largest = window(v, now)
   local baseline = nil
-  if established(v, now, p) then baseline = v.baseline end
+  if established(v, now, p) then baseline = v[BASELINE] end
   local ceiling = ceiling_of(v, p)
   if ceiling ~= nil and rate > ceiling then
     return MANUAL, rate, ceiling, baseline, WINDOW_SECONDS
@@ -490,9 +482,9 @@ local function judge(v, amount, now, p)
     local normal = math.max(baseline, allowed, typical_peak(v, p))
     return established_rules(v, amount, rate, largest, normal, now, p)
   end
-  if v.limit_override >= 0.0 then return 0, rate, ceiling, baseline, WINDOW_SECONDS end
+  if v[LIMIT_OVERRIDE] >= 0.0 then return 0, rate, ceiling, baseline, WINDOW_SECONDS end
   local shown = 0.0
-  if v.samples >= p.cold_start_samples then shown = math.max(v.baseline, typical_peak(v, p)) end
+  if v[SAMPLES] >= p.cold_start_samples then shown = math.max(v[BASELINE], typical_peak(v, p)) end
   local reason, r, limit, span = cold_start_rules(v, rate, largest, math.max(shown, allowed),
     now, p)
   if reason == 0 and ceiling ~= nil then limit = ceiling end
@@ -500,18 +492,18 @@ local function judge(v, amount, now, p)
 end
 
 local function trip(v, reason, rate, limit, baseline, span, now, p)
-  local recent = v.strikes > 0 and now - v.last_trip <= p.escalation_window
-  if recent then v.strikes = v.strikes + 1 else v.strikes = 1 end
-  local cooldown = math.min(p.cooldown * 2.0 ^ (v.strikes - 1), p.cooldown_max)
-  v.open_until = now + cooldown
-  v.last_trip = now
-  v.trip_reason = reason
-  v.trip_rate = rate
-  if limit == nil then v.trip_limit = 0.0 else v.trip_limit = limit end
-  if baseline == nil then v.trip_baseline = -1.0 else v.trip_baseline = baseline end
-  v.trip_window = span
-  v.early_level = 0.0
-  v.discard_through = math.max(v.discard_through, math.floor(v.open_until / MINUTE))
+  local recent = v[STRIKES] > 0 and now - v[LAST_TRIP] <= p.escalation_window
+  if recent then v[STRIKES] = v[STRIKES] + 1 else v[STRIKES] = 1 end
+  local cooldown = math.min(p.cooldown * 2.0 ^ (v[STRIKES] - 1), p.cooldown_max)
+  v[OPEN_UNTIL] = now + cooldown
+  v[LAST_TRIP] = now
+  v[TRIP_REASON] = reason
+  v[TRIP_RATE] = rate
+  if limit == nil then v[TRIP_LIMIT] = 0.0 else v[TRIP_LIMIT] = limit end
+  if baseline == nil then v[TRIP_BASELINE] = -1.0 else v[TRIP_BASELINE] = baseline end
+  v[TRIP_WINDOW] = span
+  v[EARLY_LEVEL] = 0.0
+  v[DISCARD_THROUGH] = math.max(v[DISCARD_THROUGH], math.floor(v[OPEN_UNTIL] / MINUTE))
 end
 
 -- A velocity verdict as text: 'allowed tripped reason rate limit baseline multiple
@@ -520,33 +512,33 @@ local ALLOWED = '1 0 0 0 nan nan nan 0 nan'
 
 local function refusal(v, now, tripped)
   local baseline = nil
-  if v.trip_baseline >= 0.0 then baseline = v.trip_baseline end
+  if v[TRIP_BASELINE] >= 0.0 then baseline = v[TRIP_BASELINE] end
   local multiple = nil
-  local r = v.trip_reason
+  local r = v[TRIP_REASON]
   local relative = r == LOOP or r == SPARSE or r == EARLY or r == SUSTAINED or r == TOP
-  if baseline ~= nil and baseline ~= 0.0 and relative then multiple = v.trip_rate / baseline end
-  return string.format('0 %d %d %.17g %.17g %s %s %.17g %.17g', tripped, r, v.trip_rate,
-    v.trip_limit, opt(baseline), opt(multiple), v.open_until - now, v.trip_window)
+  if baseline ~= nil and baseline ~= 0.0 and relative then multiple = v[TRIP_RATE] / baseline end
+  return string.format('0 %d %d %.17g %.17g %s %s %.17g %.17g', tripped, r, v[TRIP_RATE],
+    v[TRIP_LIMIT], opt(baseline), opt(multiple), v[OPEN_UNTIL] - now, v[TRIP_WINDOW])
 end
 
 -- (allowed 0/1, verdict text)
 local function gate(v, now)
-  if v.open_until > now then return 0, refusal(v, now, 0) end
+  if v[OPEN_UNTIL] > now then return 0, refusal(v, now, 0) end
   return 1, ALLOWED
 end
 
 -- record() without its verdict's text: (allowed 0/1, tripped 0/1, rate, limit, baseline), the
 -- last three for an allowed record only. A batch formats one verdict for many records.
 local function record_step(v, amount, now, p)
-  if now >= (v.minute_head + 1) * MINUTE then roll_minutes(v, now, p) end
+  if now >= (v[MINUTE_HEAD] + 1) * MINUTE then roll_minutes(v, now, p) end
   local slot = advance(v, now) % SLOTS + 1
-  v.amounts[slot] = v.amounts[slot] + amount
-  v.largest[slot] = math.max(v.largest[slot], amount)
-  local minute = v.minute_head % LONG_SLOTS + 1
-  v.minute_amounts[minute] = v.minute_amounts[minute] + amount
-  v.minute_largest[minute] = math.max(v.minute_largest[minute], amount)
-  v.minute_calls[minute] = v.minute_calls[minute] + 1.0
-  if v.open_until > now then return 0, 0 end
+  v[AMOUNTS + slot] = v[AMOUNTS + slot] + amount
+  v[LARGEST + slot] = math.max(v[LARGEST + slot], amount)
+  local minute = v[MINUTE_HEAD] % LONG_SLOTS + 1
+  v[MINUTE_AMOUNTS + minute] = v[MINUTE_AMOUNTS + minute] + amount
+  v[MINUTE_LARGEST + minute] = math.max(v[MINUTE_LARGEST + minute], amount)
+  v[MINUTE_CALLS + minute] = v[MINUTE_CALLS + minute] + 1.0
+  if v[OPEN_UNTIL] > now then return 0, 0 end
   local reason, rate, limit, baseline, span = judge(v, amount, now, p)
   if reason ~= 0 and limit ~= nil then
     trip(v, reason, rate, limit, baseline, span, now, p)
@@ -569,33 +561,29 @@ local function record(v, amount, now, p)
 end
 
 local function clear_windows(v)
-  v.head = -1
-  v.amounts = zeros(SLOTS)
-  v.largest = zeros(SLOTS)
-  v.minute_head = -1
-  v.minute_amounts = zeros(LONG_SLOTS)
-  v.minute_largest = zeros(LONG_SLOTS)
-  v.minute_calls = zeros(LONG_SLOTS)
-  v.early_level = 0.0
-  v.excused_slot = -1
-  v.excused_amount = 0.0
+  v[HEAD] = -1
+  v[MINUTE_HEAD] = -1
+  for i = AMOUNTS + 1, MINUTE_CALLS + LONG_SLOTS do v[i] = 0.0 end -- every ring but profile
+  v[EARLY_LEVEL] = 0.0
+  v[EXCUSED_SLOT] = -1
+  v[EXCUSED_AMOUNT] = 0.0
 end
 
 local function reset_velocity(v)
-  v.open_until = 0.0
-  v.strikes = 0
+  v[OPEN_UNTIL] = 0.0
+  v[STRIKES] = 0
   clear_windows(v)
 end
 
 local function forgive_velocity(v)
-  if v.last_trip > 0.0 and v.trip_rate > 0.0 and v.trip_reason ~= MANUAL then
-    local hour = math.floor(v.last_trip / HOUR) % 24
-    teach(v, hour, v.trip_rate)
-    teach(v, (hour + 1) % 24, v.trip_rate)
+  if v[LAST_TRIP] > 0.0 and v[TRIP_RATE] > 0.0 and v[TRIP_REASON] ~= MANUAL then
+    local hour = math.floor(v[LAST_TRIP] / HOUR) % 24
+    teach(v, hour, v[TRIP_RATE])
+    teach(v, (hour + 1) % 24, v[TRIP_RATE])
   end
-  v.open_until = 0.0
-  v.strikes = 0
-  v.early_level = 0.0
+  v[OPEN_UNTIL] = 0.0
+  v[STRIKES] = 0
+  v[EARLY_LEVEL] = 0.0
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -740,10 +728,10 @@ end
 
 -- Announce that v's latch opened during this script (it was open_until `before`).
 local function announce_trip(key, v, before, now)
-  if v == nil or v.open_until == before then return end
+  if v == nil or v[OPEN_UNTIL] == before then return end
   local prefix, tagged = split_key(key)
-  local state = fmt(v.open_until) .. ' ' .. refusal(v, now, 0)
-  local ttl = math.max(math.ceil((v.open_until - now) * 1000), 1)
+  local state = fmt(v[OPEN_UNTIL]) .. ' ' .. refusal(v, now, 0)
+  local ttl = math.max(math.ceil((v[OPEN_UNTIL] - now) * 1000), 1)
   redis.call('SET', prefix .. ':open:' .. tagged, state, 'PX', ttl)
   redis.call('PUBLISH', prefix .. ':open-keys', 'o ' .. state .. ' ' .. key)
 end

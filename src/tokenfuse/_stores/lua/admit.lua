@@ -33,7 +33,7 @@ end
 local b = nil
 if bp ~= nil then b = load_bucket(s) or new_bucket(bp.capacity, now) end
 
-local before = v and v.open_until
+local before = v and v[OPEN_UNTIL]
 local allowed, latch, taken = admit(v, b, cost, amount, now, vp, bp)
 save(KEYS[1], ARGV[2], s, v, b)
 announce_trip(KEYS[1], v, before, now)

@@ -18,7 +18,7 @@ local s = load_state(KEYS[1])
 local v = nil
 if ARGV[3] ~= '' then
   v = load_velocity(s) or new_velocity(now)
-  v.limit_override = tonumber(ARGV[3])
+  v[LIMIT_OVERRIDE] = tonumber(ARGV[3])
 end
 local b = nil
 if ARGV[4] ~= '' or ARGV[5] ~= '' then

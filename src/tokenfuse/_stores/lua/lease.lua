@@ -38,7 +38,7 @@ end
 local b = nil
 if bp ~= nil then b = load_bucket(s) or new_bucket(bp.capacity, now) end
 
-local before = v and v.open_until
+local before = v and v[OPEN_UNTIL]
 local tripped = settle(v, b, tonumber(ARGV[6]), 9, now, vp, bp)
 local allowed, latch, taken = admit(v, b, cost, amount, now, vp, bp)
 local granted = 0.0

@@ -22,7 +22,7 @@ Returns the verdict 'allowed tripped <reason code> <rate /min> <limit /min> <bas
 local now = clock(ARGV[1])
 local s = load_state(KEYS[1])
 local v = load_velocity(s) or new_velocity(now)
-local before = v.open_until
+local before = v[OPEN_UNTIL]
 local _, verdict = record(v, tonumber(ARGV[3]), now, velocity_params(ARGV[4]))
 save(KEYS[1], ARGV[2], s, v, nil)
 announce_trip(KEYS[1], v, before, now)

@@ -19,7 +19,7 @@ in record.lua; only that verdict is formatted.
 local now = clock(ARGV[1])
 local s = load_state(KEYS[1])
 local v = load_velocity(s) or new_velocity(now)
-local before = v.open_until
+local before = v[OPEN_UNTIL]
 local p = velocity_params(ARGV[3])
 local amounts = ARGV[4]
 local verdict, allowed, tripped, rate, limit, baseline = nil, 0, 0, 0.0, nil, nil
