@@ -221,11 +221,48 @@ def report(times: dict[str, list[float]]) -> None:
           f"lease mode {alone:.1f} us ({alone / ping:.2f}x)")  # fmt: skip
 
 
+#: The cases ``--just-requests`` runs (``benchmarks/instructions.sh middleware``).
+JUST_CASES = ("bare", "memory", "memory-no-loops", "redis", "redis-no-loops")
+
+
+async def just_requests(case: str, requests: int, redis_url: str) -> None:
+    """``requests`` requests of one case, untimed: what ``benchmarks/instructions.sh`` runs
+    under callgrind to count the middleware's instructions per request."""
+    store: Any = None
+    if case.startswith("redis"):
+        prefix = unique_prefix("mw")
+        store = RedisStore.from_url(redis_url, prefix=prefix)
+    elif case != "bare":
+        store = MemoryStore()
+    app = bare() if store is None else with_tokenfuse(store, loops=not case.endswith("no-loops"))
+    try:
+        for _ in range(50):  # warm: caches filled, every lazy import done, the scripts loaded
+            await one_request(app)
+        for _ in range(requests):
+            await one_request(app)
+    finally:
+        if isinstance(store, RedisStore):
+            await store.aclose()
+            delete_keys(redis_url, f"{prefix}:*")
+
+
 def main() -> None:
     parser = options(__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="per case and round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--just-requests",
+        nargs=2,
+        metavar=("CASE", "REQUESTS"),
+        help=f"{'|'.join(JUST_CASES)} N: N untimed requests of one case",
+    )
     args = parser.parse_args()
+    if args.just_requests:
+        case, requests = args.just_requests
+        if case not in JUST_CASES:
+            parser.error(f"--just-requests: the case is one of {', '.join(JUST_CASES)}")
+        asyncio.run(just_requests(case, int(requests), args.redis))
+        return
     report(asyncio.run(measure(args.redis, args.requests * args.rounds)))
 
 
