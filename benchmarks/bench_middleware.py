@@ -22,7 +22,10 @@ limit headers, and each uses memory or Redis storage:
 Reference rows time what no Redis-backed limiter can go below on this machine: a
 ``redis.asyncio`` PING, and the ``RedisStore.arun(Admit(...))`` call the middleware makes; and
 a lease renewal recording the 100 calls its lease admitted (the store's time per call in
-lease mode is a hundredth of it).
+lease mode is a hundredth of it). Two more rows are the floor of direct mode: the ``Admit``
+script's EVALSHA alone, and with ``CheckLoops`` in one round trip, each sent bare (its
+arguments encoded once, its reply not read into a verdict): what the scripts and redis-py
+cost with nothing of tokenfuse around them.
 
 Every case first warms up on its own, then all take turns request by request so that machine
 noise hits them alike. The figures that matter are the p50 *added* to the bare endpoint and
@@ -43,9 +46,11 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from tokenfuse import BucketPolicy, Identity, MemoryStore
+from tokenfuse._loops import FailureLoopPolicy
 from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, inbound_fuse
-from tokenfuse._stores.ops import Admit, Lease
+from tokenfuse._stores.ops import Admit, CheckLoops, Lease
 from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_batch import asend_all
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 LIMIT = "1000000000/minute"
@@ -128,7 +133,13 @@ async def one_request(app: App) -> None:
         raise RuntimeError(f"benchmark request answered {status}")
 
 
-REFERENCES = ("redis.asyncio PING", "RedisStore.arun(Admit)", "arun(Lease), 100 calls")
+REFERENCES = (
+    "redis.asyncio PING",
+    "RedisStore.arun(Admit)",
+    "arun(Lease), 100 calls",
+    "EVALSHA Admit, bare",
+    "EVALSHA Admit + CheckLoops, bare",
+)
 LEASED = "TokenFuse (Redis, lease)"
 LEASED_ALONE = "TokenFuse (Redis, lease, failure_loops=None)"
 
@@ -153,15 +164,23 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
     ping_client = redis.asyncio.Redis.from_url(redis_url)
     # The store key the middleware's fuse derives for the benchmark's caller.
     key = inbound_fuse(redis_store)._key(Identity.secret(TOKEN.decode()))
+    admit = Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+    # The floor of direct mode: the scripts' calls as redis-py sends them, with nothing of
+    # tokenfuse around them (no codec, no decision): encoded once, sent as they are.
+    check = CheckLoops(key, "0" * 16, FailureLoopPolicy().core)
+    keys = [redis_store._known(op)[0] for op in (admit, check)]
+    bare_admit, bare_check = redis_store._commands([admit, check], keys)
+    await redis_store.arun(check)  # every script loaded before the bare calls
+    redis_client = redis_store._clients.async_client()
     references: dict[str, Callable[[], Awaitable[object]]] = {
         REFERENCES[0]: ping_client.ping,
-        REFERENCES[1]: lambda: redis_store.arun(
-            Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
-        ),
+        REFERENCES[1]: lambda: redis_store.arun(admit),
         # A renewal that records the 100 calls its lease admitted and takes 100 more tokens.
         REFERENCES[2]: lambda: redis_store.arun(
             Lease(key, 1, 1, 100, 0, (1.0,) * 100, CALL_VELOCITY, BUCKET)
         ),
+        REFERENCES[3]: lambda: redis_client.execute_command(*bare_admit),
+        REFERENCES[4]: lambda: asend_all(redis_client, [bare_admit, bare_check]),
     }
     cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}
     try:
@@ -216,6 +235,11 @@ def report(times: dict[str, list[float]]) -> None:
     print(f"target p50 added with RedisStore in lease mode <= 0.1 ms: {verdict} "
           f"({leased / 1000:.3f} ms; {leased / redis_added:.2f}x the direct mode, "
           f"{leased / ping:.2f}x an async PING)")  # fmt: skip
+    alone_floor = percentile(times[REFERENCES[3]], 50)
+    both_floor = percentile(times[REFERENCES[4]], 50)
+    print(f"direct mode's floor: the scripts alone, sent bare: Admit {alone_floor:.1f} us "
+          f"({alone_floor / ping:.2f}x an async PING), Admit + CheckLoops in one round trip "
+          f"{both_floor:.1f} us ({both_floor / ping:.2f}x)")  # fmt: skip
     direct, alone = added["TokenFuse (RedisStore, failure_loops=None)"], added[LEASED_ALONE]
     print(f"failure_loops=None: direct adds {direct:.1f} us ({direct / ping:.2f}x an async PING), "
           f"lease mode {alone:.1f} us ({alone / ping:.2f}x)")  # fmt: skip
