@@ -171,7 +171,6 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
     keys = [redis_store._known(op)[0] for op in (admit, check)]
     bare_admit, bare_check = redis_store._commands([admit, check], keys)
     await redis_store.arun(check)  # every script loaded before the bare calls
-    redis_client = redis_store._clients.async_client()
     references: dict[str, Callable[[], Awaitable[object]]] = {
         REFERENCES[0]: ping_client.ping,
         REFERENCES[1]: lambda: redis_store.arun(admit),
@@ -179,8 +178,9 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
         REFERENCES[2]: lambda: redis_store.arun(
             Lease(key, 1, 1, 100, 0, (1.0,) * 100, CALL_VELOCITY, BUCKET)
         ),
-        REFERENCES[3]: lambda: redis_client.execute_command(*bare_admit),
-        REFERENCES[4]: lambda: asend_all(redis_client, [bare_admit, bare_check]),
+        # on the PING's client: the same options as the PING they are compared with
+        REFERENCES[3]: lambda: ping_client.execute_command(*bare_admit),
+        REFERENCES[4]: lambda: asend_all(ping_client, [bare_admit, bare_check]),
     }
     cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}
     try:
