@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from harness import delete_keys, interleave, options, percentile, unique_prefix
@@ -133,6 +134,18 @@ async def one_request(app: App) -> None:
         raise RuntimeError(f"benchmark request answered {status}")
 
 
+async def bare_commands(store: RedisStore) -> list[Any]:
+    """The floor of direct mode: the ``Admit`` and ``CheckLoops`` script calls of the
+    benchmark's caller as redis-py sends them, with nothing of tokenfuse around them (no
+    codec, no decision): encoded once, sent as they are (the scripts loaded first)."""
+    key = inbound_fuse(store)._key(Identity.secret(TOKEN.decode()))
+    admit = Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+    check = CheckLoops(key, "0" * 16, FailureLoopPolicy().core)
+    for op in (admit, check):
+        await store.arun(op)
+    return store._commands([admit, check], [store._known(op)[0] for op in (admit, check)])
+
+
 REFERENCES = (
     "redis.asyncio PING",
     "RedisStore.arun(Admit)",
@@ -165,12 +178,7 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
     # The store key the middleware's fuse derives for the benchmark's caller.
     key = inbound_fuse(redis_store)._key(Identity.secret(TOKEN.decode()))
     admit = Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
-    # The floor of direct mode: the scripts' calls as redis-py sends them, with nothing of
-    # tokenfuse around them (no codec, no decision): encoded once, sent as they are.
-    check = CheckLoops(key, "0" * 16, FailureLoopPolicy().core)
-    keys = [redis_store._known(op)[0] for op in (admit, check)]
-    bare_admit, bare_check = redis_store._commands([admit, check], keys)
-    await redis_store.arun(check)  # every script loaded before the bare calls
+    bare_admit, bare_check = await bare_commands(redis_store)
     references: dict[str, Callable[[], Awaitable[object]]] = {
         REFERENCES[0]: ping_client.ping,
         REFERENCES[1]: lambda: redis_store.arun(admit),
@@ -247,24 +255,42 @@ def report(times: dict[str, list[float]]) -> None:
 
 #: The cases ``--just-requests`` runs (``benchmarks/instructions.sh middleware``).
 JUST_CASES = ("bare", "memory", "memory-no-loops", "redis", "redis-no-loops")
+#: The floor's cases for ``--just-requests`` (no app: the calls alone).
+JUST_FLOOR = ("ping", "bare-admit", "bare-admit-check")
 
 
 async def just_requests(case: str, requests: int, redis_url: str) -> None:
     """``requests`` requests of one case, untimed: what ``benchmarks/instructions.sh`` runs
     under callgrind to count the middleware's instructions per request."""
+    import redis.asyncio
+
     store: Any = None
-    if case.startswith("redis"):
-        prefix = unique_prefix("mw")
+    prefix = unique_prefix("mw")
+    ping_client = redis.asyncio.Redis.from_url(redis_url)
+    if case.startswith("redis") or case in JUST_FLOOR:
         store = RedisStore.from_url(redis_url, prefix=prefix)
     elif case != "bare":
         store = MemoryStore()
-    app = bare() if store is None else with_tokenfuse(store, loops=not case.endswith("no-loops"))
+    call: Callable[[], Awaitable[object]]
+    if case == "ping":
+        call = ping_client.ping
+    elif case.startswith("bare-admit"):
+        commands = await bare_commands(store)
+        if case == "bare-admit":
+            call = partial(ping_client.execute_command, *commands[0])
+        else:
+            call = partial(asend_all, ping_client, commands)
+    else:
+        loops = not case.endswith("no-loops")
+        app = bare() if store is None else with_tokenfuse(store, loops=loops)
+        call = partial(one_request, app)
     try:
         for _ in range(50):  # warm: caches filled, every lazy import done, the scripts loaded
-            await one_request(app)
+            await call()
         for _ in range(requests):
-            await one_request(app)
+            await call()
     finally:
+        await ping_client.aclose()
         if isinstance(store, RedisStore):
             await store.aclose()
             delete_keys(redis_url, f"{prefix}:*")
@@ -278,13 +304,14 @@ def main() -> None:
         "--just-requests",
         nargs=2,
         metavar=("CASE", "REQUESTS"),
-        help=f"{'|'.join(JUST_CASES)} N: N untimed requests of one case",
+        help=f"{'|'.join(JUST_CASES + JUST_FLOOR)} N: N untimed requests (or calls) of one case",
     )
     args = parser.parse_args()
     if args.just_requests:
         case, requests = args.just_requests
-        if case not in JUST_CASES:
-            parser.error(f"--just-requests: the case is one of {', '.join(JUST_CASES)}")
+        if case not in JUST_CASES + JUST_FLOOR:
+            cases = ", ".join(JUST_CASES + JUST_FLOOR)
+            parser.error(f"--just-requests: the case is one of {cases}")
         asyncio.run(just_requests(case, int(requests), args.redis))
         return
     report(asyncio.run(measure(args.redis, args.requests * args.rounds)))

@@ -12,7 +12,8 @@
 # failure_loops=None. The middleware: a bare Starlette endpoint and TokenFuse in front of it on
 # MemoryStore and on RedisStore (bench_middleware.py --just-requests; Redis from --redis's
 # default, database 15), the breaker on and off; on Redis the count includes redis-py's and the
-# event loop's work for the round trip (an async PING is in the README's table to compare).
+# event loop's work for the round trip. Then the floor, calls alone: an async PING, and the
+# Admit script's EVALSHA (with CheckLoops in one round trip) sent bare by redis-py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
@@ -34,12 +35,16 @@ if [[ ${1:-} == middleware ]]; then
   echo "| case | instructions per request | added to the bare endpoint |"
   echo "|---|---:|---:|"
   bare=0
-  for case in bare memory memory-no-loops redis redis-no-loops; do
+  for case in bare memory memory-no-loops redis redis-no-loops ping bare-admit bare-admit-check; do
     few=$(requests "$case" 20)
     many=$(requests "$case" 220)
     each=$(((many - few) / 200))
     [[ $case == bare ]] && bare=$each
-    echo "| $case | $each | $((each - bare)) |"
+    if [[ $case == ping || $case == bare-* ]]; then # calls alone, no endpoint to add to
+      echo "| $case | $each | |"
+    else
+      echo "| $case | $each | $((each - bare)) |"
+    fi
   done
   exit 0
 fi
