@@ -57,7 +57,7 @@ async def test_a_cancelled_batch_leaves_no_reply_for_the_next(redis_url: str) ->
     pool = redis.asyncio.ConnectionPool.from_url(redis_url, max_connections=1, client_name=name)
     client = redis.asyncio.Redis.from_pool(pool)
     try:
-        held = asyncio.ensure_future(asend_all(client, [("BLPOP", f"{name}:none", 5)]))
+        held = asyncio.ensure_future(asend_all(client, [("BLPOP", f"{name}:none", 60)]))
         with redis.Redis.from_url(redis_url) as watcher:
             while not _blocked(watcher, name):  # the server holds the command
                 await asyncio.sleep(0)  # lets the batch go on; no time is waited for
@@ -83,6 +83,16 @@ def test_a_single_connection_client_gets_the_same_replies(redis_url: str, single
         replies = send_all(client, [("ECHO", "a"), ("EVALSHA", MISSING, 0), ("ECHO", "b")])
         assert replies[0] == b"a" and isinstance(replies[1], NoScriptError)
         assert replies[2] == b"b"
+
+
+async def test_an_async_single_connection_client_gets_the_same_replies(redis_url: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url, single_connection_client=True)
+    try:
+        replies = await asend_all(client, [("ECHO", "a"), ("EVALSHA", MISSING, 0)])
+        assert replies[0] == b"a" and isinstance(replies[1], NoScriptError)
+        assert await client.echo("after") == b"after"  # its one connection is usable still
+    finally:
+        await client.aclose()
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])

@@ -49,7 +49,8 @@ def send_all(client: Any, commands: Sequence[Command]) -> list[Any]:
 
 async def asend_all(client: Any, commands: Sequence[Command]) -> list[Any]:
     """``send_all`` for an asyncio client."""
-    if type(client) is not redis.asyncio.Redis or client.connection is not None:
+    # (its one connection is made at its first command: ask the option, not the connection)
+    if type(client) is not redis.asyncio.Redis or client.single_connection_client:
         return await _apipelined(client, commands)
     pool: Any = client.connection_pool
     connection = await pool.get_connection()
