@@ -22,7 +22,10 @@ limit headers, and each uses memory or Redis storage:
 Reference rows time what no Redis-backed limiter can go below on this machine: a
 ``redis.asyncio`` PING, and the ``RedisStore.arun(Admit(...))`` call the middleware makes; and
 a lease renewal recording the 100 calls its lease admitted (the store's time per call in
-lease mode is a hundredth of it).
+lease mode is a hundredth of it). Two more rows are the floor of direct mode: the ``Admit``
+script's EVALSHA alone, and with ``CheckLoops`` in one round trip, each sent bare (its
+arguments encoded once, its reply not read into a verdict): what the scripts and redis-py
+cost with nothing of tokenfuse around them.
 
 Every case first warms up on its own, then all take turns request by request so that machine
 noise hits them alike. The figures that matter are the p50 *added* to the bare endpoint and
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from harness import delete_keys, interleave, options, percentile, unique_prefix
@@ -43,9 +47,11 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from tokenfuse import BucketPolicy, Identity, MemoryStore
+from tokenfuse._loops import FailureLoopPolicy
 from tokenfuse._middleware import CALL_VELOCITY, TokenFuse, inbound_fuse
-from tokenfuse._stores.ops import Admit, Lease
+from tokenfuse._stores.ops import Admit, CheckLoops, Lease
 from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_batch import asend_all
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 LIMIT = "1000000000/minute"
@@ -128,7 +134,25 @@ async def one_request(app: App) -> None:
         raise RuntimeError(f"benchmark request answered {status}")
 
 
-REFERENCES = ("redis.asyncio PING", "RedisStore.arun(Admit)", "arun(Lease), 100 calls")
+async def bare_commands(store: RedisStore) -> list[Any]:
+    """The floor of direct mode: the ``Admit`` and ``CheckLoops`` script calls of the
+    benchmark's caller as redis-py sends them, with nothing of tokenfuse around them (no
+    codec, no decision): encoded once, sent as they are (the scripts loaded first)."""
+    key = inbound_fuse(store)._key(Identity.secret(TOKEN.decode()))
+    admit = Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+    check = CheckLoops(key, "0" * 16, FailureLoopPolicy().core)
+    for op in (admit, check):
+        await store.arun(op)
+    return store._commands([admit, check], [store._known(op)[0] for op in (admit, check)])
+
+
+REFERENCES = (
+    "redis.asyncio PING",
+    "RedisStore.arun(Admit)",
+    "arun(Lease), 100 calls",
+    "EVALSHA Admit, bare",
+    "EVALSHA Admit + CheckLoops, bare",
+)
 LEASED = "TokenFuse (Redis, lease)"
 LEASED_ALONE = "TokenFuse (Redis, lease, failure_loops=None)"
 
@@ -153,15 +177,18 @@ async def measure(redis_url: str, requests: int) -> dict[str, list[float]]:
     ping_client = redis.asyncio.Redis.from_url(redis_url)
     # The store key the middleware's fuse derives for the benchmark's caller.
     key = inbound_fuse(redis_store)._key(Identity.secret(TOKEN.decode()))
+    admit = Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+    bare_admit, bare_check = await bare_commands(redis_store)
     references: dict[str, Callable[[], Awaitable[object]]] = {
         REFERENCES[0]: ping_client.ping,
-        REFERENCES[1]: lambda: redis_store.arun(
-            Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
-        ),
+        REFERENCES[1]: lambda: redis_store.arun(admit),
         # A renewal that records the 100 calls its lease admitted and takes 100 more tokens.
         REFERENCES[2]: lambda: redis_store.arun(
             Lease(key, 1, 1, 100, 0, (1.0,) * 100, CALL_VELOCITY, BUCKET)
         ),
+        # on the PING's client: the same options as the PING they are compared with
+        REFERENCES[3]: lambda: ping_client.execute_command(*bare_admit),
+        REFERENCES[4]: lambda: asend_all(ping_client, [bare_admit, bare_check]),
     }
     cases = {name: (lambda app=app: one_request(app)) for name, app in apps.items()}
     try:
@@ -216,16 +243,77 @@ def report(times: dict[str, list[float]]) -> None:
     print(f"target p50 added with RedisStore in lease mode <= 0.1 ms: {verdict} "
           f"({leased / 1000:.3f} ms; {leased / redis_added:.2f}x the direct mode, "
           f"{leased / ping:.2f}x an async PING)")  # fmt: skip
+    alone_floor = percentile(times[REFERENCES[3]], 50)
+    both_floor = percentile(times[REFERENCES[4]], 50)
+    print(f"direct mode's floor: the scripts alone, sent bare: Admit {alone_floor:.1f} us "
+          f"({alone_floor / ping:.2f}x an async PING), Admit + CheckLoops in one round trip "
+          f"{both_floor:.1f} us ({both_floor / ping:.2f}x)")  # fmt: skip
     direct, alone = added["TokenFuse (RedisStore, failure_loops=None)"], added[LEASED_ALONE]
     print(f"failure_loops=None: direct adds {direct:.1f} us ({direct / ping:.2f}x an async PING), "
           f"lease mode {alone:.1f} us ({alone / ping:.2f}x)")  # fmt: skip
+
+
+#: The cases ``--just-requests`` runs (``benchmarks/instructions.sh middleware``).
+JUST_CASES = ("bare", "memory", "memory-no-loops", "redis", "redis-no-loops")
+#: The floor's cases for ``--just-requests`` (no app: the calls alone).
+JUST_FLOOR = ("ping", "bare-admit", "bare-admit-check")
+
+
+async def just_requests(case: str, requests: int, redis_url: str) -> None:
+    """``requests`` requests of one case, untimed: what ``benchmarks/instructions.sh`` runs
+    under callgrind to count the middleware's instructions per request."""
+    import redis.asyncio
+
+    store: Any = None
+    prefix = unique_prefix("mw")
+    ping_client = redis.asyncio.Redis.from_url(redis_url)
+    if case.startswith("redis") or case in JUST_FLOOR:
+        store = RedisStore.from_url(redis_url, prefix=prefix)
+    elif case != "bare":
+        store = MemoryStore()
+    call: Callable[[], Awaitable[object]]
+    if case == "ping":
+        call = ping_client.ping
+    elif case.startswith("bare-admit"):
+        commands = await bare_commands(store)
+        if case == "bare-admit":
+            call = partial(ping_client.execute_command, *commands[0])
+        else:
+            call = partial(asend_all, ping_client, commands)
+    else:
+        loops = not case.endswith("no-loops")
+        app = bare() if store is None else with_tokenfuse(store, loops=loops)
+        call = partial(one_request, app)
+    try:
+        for _ in range(50):  # warm: caches filled, every lazy import done, the scripts loaded
+            await call()
+        for _ in range(requests):
+            await call()
+    finally:
+        await ping_client.aclose()
+        if isinstance(store, RedisStore):
+            await store.aclose()
+            delete_keys(redis_url, f"{prefix}:*")
 
 
 def main() -> None:
     parser = options(__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="per case and round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--just-requests",
+        nargs=2,
+        metavar=("CASE", "REQUESTS"),
+        help=f"{'|'.join(JUST_CASES + JUST_FLOOR)} N: N untimed requests (or calls) of one case",
+    )
     args = parser.parse_args()
+    if args.just_requests:
+        case, requests = args.just_requests
+        if case not in JUST_CASES + JUST_FLOOR:
+            cases = ", ".join(JUST_CASES + JUST_FLOOR)
+            parser.error(f"--just-requests: the case is one of {cases}")
+        asyncio.run(just_requests(case, int(requests), args.redis))
+        return
     report(asyncio.run(measure(args.redis, args.requests * args.rounds)))
 
 

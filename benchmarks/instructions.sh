@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Instructions per call that FuseTransport adds, counted by callgrind: repeatable even on a
-# loaded machine, where times are not. Each case runs twice (FEW and MANY calls, after the same
-# warm-up); the difference divided by MANY - FEW is one call's instructions, start-up excluded.
+# Instructions per call that FuseTransport (or the TokenFuse middleware) adds, counted by
+# callgrind: repeatable even on a loaded machine, where times are not. Each case runs twice (FEW
+# and MANY calls, after the same warm-up); the difference divided by MANY - FEW is one call's
+# instructions, start-up excluded.
 #
 #     bash benchmarks/instructions.sh            # JSON calls: 10 vs 510; streams: 2 vs 22
+#     bash benchmarks/instructions.sh middleware # requests: 20 vs 220
 #
-# Needs valgrind. MemoryStore, over httpx.MockTransport (bench_transport.py --just-calls);
-# the guard as it comes (the failure-loop breaker on) and with failure_loops=None.
+# Needs valgrind. The transport: MemoryStore, over httpx.MockTransport (bench_transport.py
+# --just-calls); the guard as it comes (the failure-loop breaker on) and with
+# failure_loops=None. The middleware: a bare Starlette endpoint and TokenFuse in front of it on
+# MemoryStore and on RedisStore (bench_middleware.py --just-requests; Redis from --redis's
+# default, database 15), the breaker on and off; on Redis the count includes redis-py's and the
+# event loop's work for the round trip. Then the floor, calls alone: an async PING, and the
+# Admit script's EVALSHA (with CheckLoops in one round trip) sent bare by redis-py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
@@ -18,6 +25,29 @@ total() { # case body calls -> instructions of the whole run
     "$python" benchmarks/bench_transport.py --just-calls "$1" "$2" "$3" >/dev/null 2>"$work/err"
   awk '/^(summary|totals):/ {print $2; exit}' "$work/out"
 }
+
+if [[ ${1:-} == middleware ]]; then
+  requests() { # case requests -> instructions of the whole run
+    valgrind --tool=callgrind --callgrind-out-file="$work/out" \
+      "$python" benchmarks/bench_middleware.py --just-requests "$1" "$2" >/dev/null 2>"$work/err"
+    awk '/^(summary|totals):/ {print $2; exit}' "$work/out"
+  }
+  echo "| case | instructions per request | added to the bare endpoint |"
+  echo "|---|---:|---:|"
+  bare=0
+  for case in bare memory memory-no-loops redis redis-no-loops ping bare-admit bare-admit-check; do
+    few=$(requests "$case" 20)
+    many=$(requests "$case" 220)
+    each=$(((many - few) / 200))
+    [[ $case == bare ]] && bare=$each
+    if [[ $case == ping || $case == bare-* ]]; then # calls alone, no endpoint to add to
+      echo "| $case | $each | |"
+    else
+      echo "| $case | $each | $((each - bare)) |"
+    fi
+  done
+  exit 0
+fi
 
 per_call() { # case body few many
   local few many

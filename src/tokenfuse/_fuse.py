@@ -669,7 +669,10 @@ class Fuse:
             raise kind(f"tokenfuse store unavailable: {exc or 'backing off'}") from exc
         return Decision(key=identity.label, allowed=True, degraded=True, key_id=self._id(identity))
 
-    def _velocity_decision(self, identity: Identity, verdict: VelocityVerdict) -> Decision:
+    def _velocity_decision(
+        self, identity: Identity, verdict: VelocityVerdict, bucket: BucketVerdict | None = None
+    ) -> Decision:
+        """The decision on a velocity verdict (``bucket``: the admission's, carried along)."""
         error = None if verdict.allowed else self._velocity_error(identity, verdict)
         key_id = self._id(identity)
         if verdict.tripped and error is not None:
@@ -685,6 +688,7 @@ class Fuse:
             limit=verdict.limit,
             baseline=verdict.baseline,
             multiple=verdict.multiple,
+            bucket=bucket,
         )
 
     def _velocity_error(self, identity: Identity, verdict: VelocityVerdict) -> FuseTripped:
@@ -715,8 +719,7 @@ class Fuse:
             )
             self.hooks.emit(FuseEvent("near_limit", identity.label, detail, key_id=key_id))
         if verdict.velocity is not None and not verdict.velocity.allowed:
-            decision = self._velocity_decision(identity, verdict.velocity)
-            return _with_bucket(decision, bucket)
+            return self._velocity_decision(identity, verdict.velocity, bucket)
         if bucket is not None and not bucket.allowed:
             error = QuotaExhausted(
                 key=identity.label,
@@ -731,7 +734,7 @@ class Fuse:
             )
         if verdict.velocity is None:
             return Decision(key=identity.label, key_id=key_id, allowed=True, bucket=bucket)
-        return _with_bucket(self._velocity_decision(identity, verdict.velocity), bucket)
+        return self._velocity_decision(identity, verdict.velocity, bucket)
 
 
 class _Batch:
@@ -777,23 +780,6 @@ class _Batch:
         first = self.identities[0] if self.identities else Identity.named("batch")
         failed = self.fuse._degraded(first, exc)
         return [replace(failed, key=identity.label) for identity in self.identities]
-
-
-def _with_bucket(decision: Decision, bucket: BucketVerdict | None) -> Decision:
-    if bucket is None:
-        return decision
-    return Decision(
-        key=decision.key,
-        key_id=decision.key_id,
-        allowed=decision.allowed,
-        error=decision.error,
-        tripped=decision.tripped,
-        rate=decision.rate,
-        limit=decision.limit,
-        baseline=decision.baseline,
-        multiple=decision.multiple,
-        bucket=bucket,
-    )
 
 
 def _countable(amount: float) -> bool:

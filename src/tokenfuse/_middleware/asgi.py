@@ -7,6 +7,7 @@ token report come from ``InboundGuard`` (``guard.py``), shared with the WSGI mid
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import lru_cache
 from typing import Any
 
 from .._errors import StoreUnavailable
@@ -33,10 +34,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def _encode(headers: Headers) -> list[tuple[bytes, bytes]]:
-    return [
-        (name.lower().encode("latin-1", "replace"), value.encode("latin-1", "replace"))
-        for name, value in headers
-    ]
+    return [(_name(name), value.encode("latin-1", "replace")) for name, value in headers]
+
+
+@lru_cache(maxsize=256)  # the few names of the middleware's own headers and a refusal's
+def _name(name: str) -> bytes:
+    return name.lower().encode("latin-1", "replace")
 
 
 def _giving_leases_back(receive: Receive, leases: Leases) -> Receive:

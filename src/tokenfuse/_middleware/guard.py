@@ -38,7 +38,9 @@ __all__ = ["Admission", "InboundGuard", "Outcome", "Plan"]
 logger = logging.getLogger("tokenfuse.middleware")
 
 
-@dataclass(frozen=True, slots=True)
+# Plan, Admission and Outcome are made for every request and never changed: not frozen, as
+# frozen dataclasses pay a setattr per field (``Decision`` in ``_fuse.py`` does the same).
+@dataclass(slots=True)
 class Plan:
     """What one guarded request will be checked for."""
 
@@ -71,7 +73,7 @@ class Plan:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Admission:
     """A request's admission, and its failure-loop check (None: the breaker is off).
 
@@ -87,7 +89,7 @@ class Admission:
     found: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     """``reply`` set: refuse with it. Otherwise call the app, add ``headers`` to its response,
     and (``count="tokens"``) keep ``report`` active while it runs."""
@@ -114,6 +116,8 @@ class InboundGuard:
             raise ConfigurationError("count='tokens' needs a fuse with a velocity policy")
         self.anonymous = options.anonymous
         self.count = options.count
+        #: What an admission records into the velocity window (tokens are recorded later).
+        self._amount = 1.0 if options.count == "calls" else 0.0
         # TOKENFUSE_SHADOW / configure(shadow=True): a dry run of the whole deployment.
         self.shadow = bool(options.shadow) or current_settings().shadow
         self.refusal = options.refusal
@@ -145,9 +149,8 @@ class InboundGuard:
         identity = self._identify(request) or self._nobody(request)
         if identity is None:
             return None
-        amount = 1.0 if self.count == "calls" else 0.0
         tier = self._tier_of(request, identity)
-        return Plan(self.fuse, identity, tier, self._cost_of(request), amount, self.leases)
+        return Plan(self.fuse, identity, tier, self._cost_of(request), self._amount, self.leases)
 
     def settle(self, plan: Plan, decision: Decision, request: RequestView) -> Outcome:
         """Headers for an allowed call, or the refusal (none of either when failing open).

@@ -8,6 +8,7 @@ a request whose options need one header pays for one header.
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from functools import lru_cache
 from typing import Any
 
 __all__ = ["AsgiRequest", "RequestView", "WsgiRequest"]
@@ -59,14 +60,14 @@ class AsgiRequest(RequestView):
         super().__init__(scope.get("method", "GET"), scope.get("path", "/"), scope)
 
     def header(self, name: str) -> str | None:
-        wanted = name.lower().encode("latin-1")
+        wanted = _asgi_name(name)
         for key, value in self.raw.get("headers", ()):
             if key == wanted:  # ASGI servers send header names lower-cased
                 return bytes(value).decode("latin-1")
         return None
 
     def header_list(self, name: str) -> str | None:
-        wanted = name.lower().encode("latin-1")
+        wanted = _asgi_name(name)
         values = [bytes(v).decode("latin-1") for k, v in self.raw.get("headers", ()) if k == wanted]
         return ", ".join(values) if values else None
 
@@ -74,6 +75,13 @@ class AsgiRequest(RequestView):
     def client(self) -> str | None:
         client = self.raw.get("client")
         return str(client[0]) if client else None
+
+
+# The names looked up are the middleware's and the options' own (a few), not the request's.
+@lru_cache(maxsize=256)
+def _asgi_name(name: str) -> bytes:
+    """A header name as ASGI servers send it: lower-cased bytes."""
+    return name.lower().encode("latin-1")
 
 
 class WsgiRequest(RequestView):

@@ -23,6 +23,8 @@ __all__ = ["BAGGAGE_KEY", "run_id_of", "run_of"]
 #: The W3C baggage entry naming the conversation (OpenTelemetry's GenAI conventions).
 BAGGAGE_KEY = "gen_ai.conversation.id"
 _MAX_BAGGAGE = 8_192  # the W3C limit on a baggage header
+_RUN_HEADER = RUN_HEADER.lower()
+_NO_RUN = nullcontext()  # stateless: one for every request that carries no run
 _warnings = Throttle(60.0)
 
 
@@ -38,7 +40,7 @@ def _from_baggage(header: str | None) -> str | None:
 
 def run_id_of(request: RequestView) -> str | None:
     """The run id the request carries, if any and valid."""
-    raw = request.header(RUN_HEADER.lower())
+    raw = request.header(_RUN_HEADER)
     if raw is None:
         raw = _from_baggage(request.header_list("baggage"))
     if raw is None:
@@ -56,4 +58,4 @@ def run_id_of(request: RequestView) -> str | None:
 def run_of(request: RequestView) -> AbstractContextManager[object]:
     """A context in which the request's run (if any) is bound for the handler."""
     run_id = run_id_of(request)
-    return nullcontext() if run_id is None else bind_run_id(run_id)
+    return _NO_RUN if run_id is None else bind_run_id(run_id)

@@ -42,6 +42,7 @@ from .._errors import ConfigurationError
 from . import redis_listing
 from .open_keys import OpenKeys
 from .ops import CheckLoops, Gate, ListKeys, Op
+from .redis_batch import Command, asend_all, send_all
 from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable, script_shas
 from .redis_codec import CODECS, Args
 from .redis_events import RedisEventLog
@@ -194,15 +195,16 @@ class RedisStore:
         return self._result(op, key, reply)
 
     def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
-        """Run several operations in one pipeline (one round trip), each its own script call,
-        in order; their results in the same order. A gate the open-key view answers is not
-        sent (no round trip at all when it was the only one). Needs a sync client."""
-        known, sending = self._known_many(ops)
-        if not sending:
-            return known
-        keys, pipe = self._pipeline(self._clients.sync_client(), sending)
+        """Run several operations in one round trip, each its own script call, in order;
+        their results in the same order. A gate the open-key view answers is not sent (no
+        round trip at all when it was the only one); one operation left to send is one plain
+        script call, several are sent together (``redis_batch``). Needs a sync client."""
+        known, keys, sending = self._known_many(ops)
+        if len(sending) <= 1:
+            return _merged(known, [self.run(op) for op in sending])
+        commands = self._commands(sending, keys)
         with Unavailable("batch"):
-            replies = pipe.execute(raise_on_error=False)
+            replies = send_all(self._clients.sync_client(), commands)
             scripts = self._clients.sync_scripts()
             for at in _missing_scripts(replies):  # NOSCRIPT: EVAL, which caches it
                 replies[at] = scripts[sending[at].name]((keys[at],), self._args(sending[at]))
@@ -210,34 +212,38 @@ class RedisStore:
 
     async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
         """``run_many`` for asyncio code."""
-        known, sending = self._known_many(ops)
-        if not sending:
-            return known
-        keys, pipe = self._pipeline(self._clients.async_client(), sending)
+        known, keys, sending = self._known_many(ops)
+        if len(sending) <= 1:
+            return _merged(known, [await self.arun(op) for op in sending])
+        commands = self._commands(sending, keys)
         with Unavailable("batch"):
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await asend_all(self._clients.async_client(), commands)
             scripts = self._clients.async_scripts()
             for at in _missing_scripts(replies):
                 replies[at] = await scripts[sending[at].name]((keys[at],), self._args(sending[at]))
         return _merged(known, self._results(sending, keys, replies))
 
-    def _known_many(self, ops: Sequence[Op[Any]]) -> tuple[list[Any], list[Op[Any]]]:
-        """What the open-key view answers (None where it does not), and the ops to send."""
-        if self.open_keys is None:
-            return [None] * len(ops), list(ops)
-        known = [self._known(op)[1] for op in ops]
-        return known, [op for op, answer in zip(ops, known, strict=True) if answer is None]
+    def _known_many(self, ops: Sequence[Op[Any]]) -> tuple[list[Any], list[str], list[Op[Any]]]:
+        """What the open-key view answers (None where it does not), and the ops to send with
+        their keys."""
+        known: list[Any] = []
+        keys: list[str] = []
+        sending: list[Op[Any]] = []
+        for op in ops:
+            key, answer = self._known(op)
+            known.append(answer)
+            if answer is None:
+                keys.append(key)
+                sending.append(op)
+        return known, keys, sending
 
-    def _pipeline(self, client: Any, ops: Sequence[Op[Any]]) -> tuple[list[str], Any]:
-        """The operations' keys, and a pipeline (no transaction) of their EVALSHAs."""
-        keys = [CODECS[type(op)].key(self.prefix, op.key) for op in ops]
-        pipe = client.pipeline(transaction=False)
+    def _commands(self, ops: Sequence[Op[Any]], keys: Sequence[str]) -> list[Command]:
+        """The operations' EVALSHAs."""
         shas = script_shas()
-        for op, key in zip(ops, keys, strict=True):
-            # execute_command, not evalsha(): redis-py's cluster pipelines refuse the method
-            # (not the command), and route EVALSHA by its key like any other.
-            pipe.execute_command("EVALSHA", shas[op.name], 1, key, *self._args(op))
-        return keys, pipe
+        return [
+            ("EVALSHA", shas[op.name], 1, key, *self._args(op))
+            for op, key in zip(ops, keys, strict=True)
+        ]
 
     def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:
         return [self._result(*each) for each in zip(ops, keys, replies, strict=True)]
