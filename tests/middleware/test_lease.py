@@ -97,7 +97,6 @@ def test_lease_mode_checks_loops_without_a_round_trip_and_still_refuses_a_loop(
     assert call("POST", "/tools/refund", AUTH).status == 200  # other calls go on
 
 
-
 @pytest.mark.redis
 def test_the_direct_mode_sends_the_admission_alone_and_still_refuses_a_loop(
     serve: Callable[..., Call], redis_url: str, prefix: str
@@ -134,6 +133,7 @@ def test_the_direct_mode_sends_the_admission_alone_and_still_refuses_a_loop(
     assert looping[-1].json()["type"] == "failure_loop"
     assert store.sent["note_loop"] == 3 and store.sent["check_loops"] == 0
     assert call("POST", "/tools/refund", AUTH).status == 200
+
 
 def test_on_repeat_refuse_keeps_the_loop_check_s_round_trip_in_lease_mode(
     serve: Callable[..., Call], clock: Clock
