@@ -97,6 +97,44 @@ def test_lease_mode_checks_loops_without_a_round_trip_and_still_refuses_a_loop(
     assert call("POST", "/tools/refund", AUTH).status == 200  # other calls go on
 
 
+@pytest.mark.redis
+def test_the_direct_mode_sends_the_admission_alone_and_still_refuses_a_loop(
+    serve: Callable[..., Call], redis_url: str, prefix: str
+) -> None:
+    """Repeats not refused: the check is the open-key view's too, so the round trip before the
+    app is the admission's alone (``Admit``, no ``CheckLoops`` beside it)."""
+    from tokenfuse._stores.redis import RedisStore
+
+    class CountingRedisStore(RedisStore):
+        """Counts the round trips by the operations sent in them (view answers: none)."""
+
+        sent: Counter[str]
+
+        def _args(self, op: Any) -> Any:
+            self.sent[op.name] += 1
+            return super()._args(op)
+
+    store = CountingRedisStore.from_url(redis_url, prefix=prefix)
+    store.sent = Counter()
+    fuse = inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY)
+    call = serve(fuse=fuse, closing=store)
+    view = store.open_keys
+    assert view is not None and view.wait_synced(5.0)
+
+    healthy = [call("POST", "/tools/refund", AUTH) for _ in range(20)]
+
+    assert [reply.status for reply in healthy] == [200] * 20
+    assert store.sent["admit"] == 20 and store.sent["check_loops"] == 0
+    assert view.counts.loop_local == 20 and view.counts.loop_round_trips == 0
+
+    looping = [call("POST", "/tools/missing", AUTH) for _ in range(4)]
+
+    assert [reply.status for reply in looping] == [404, 404, 404, 429]
+    assert looping[-1].json()["type"] == "failure_loop"
+    assert store.sent["note_loop"] == 3 and store.sent["check_loops"] == 0
+    assert call("POST", "/tools/refund", AUTH).status == 200
+
+
 def test_on_repeat_refuse_keeps_the_loop_check_s_round_trip_in_lease_mode(
     serve: Callable[..., Call], clock: Clock
 ) -> None:

@@ -137,8 +137,7 @@ class InboundGuard:
             lease = options.lease if isinstance(options.lease, LeasePolicy) else LeasePolicy()
             self.leases = Leases(self.fuse, lease)
         loops = options.failure_loops
-        local = self.leases is not None  # the loop check may be answered locally too
-        self.loops = InboundLoops(self.fuse, loops, local=local) if loops is not None else None
+        self.loops = InboundLoops(self.fuse, loops) if loops is not None else None
 
     # -- per request -------------------------------------------------------------------------
 

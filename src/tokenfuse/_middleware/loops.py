@@ -22,26 +22,26 @@ The body is read before the app runs, up to ``BODY_LIMIT`` bytes, and handed on 
 (``mcp.body``: the same messages, then the rest from the server); a larger body is
 fingerprinted by its first ``BODY_LIMIT`` bytes.
 
-**Round trips.** The check (``CheckLoops``) goes to the store in one pipeline with the
-admission (``Admit``, ``Fuse.admit_with``): one round trip before the app, and one after it
-only for an error (or for a success that ends earlier errors). With ``lease=True`` the
-admission is local, and so is the check (``CheckLoops.local``) where the store keeps a view of
-the tripped calls (``RedisStore``'s open-key view, once synced: ``_stores/open_keys.py``): it
-asks only "is this call tripped?", counting no send, and a success is noted only when this
-process saw the call fail (failures counted by other processes stand until their window
-passes). With ``on_repeat="refuse"`` (sends must be counted), or while the view is not
-trusted, the check is a round trip of its own. A store that fails fails the
-pipeline once: counted once, logged, and failed open (or closed) by the fuse, as every
-decision is; the call then goes unchecked for loops.
+**Round trips.** Repeats are not reported inbound, so unless they are refused
+(``on_repeat="refuse"``) no send needs counting, and the check asks only "is this call
+tripped?" (``CheckLoops.local``). A store that keeps a view of the tripped calls
+(``RedisStore``'s open-key view, once synced: ``_stores/open_keys.py``) answers that without
+a round trip, so the direct mode sends the admission (``Admit``) alone before the app, and
+lease mode (``lease=True``) sends nothing; while the view is not trusted, the check goes in
+one pipeline with the admission (``Fuse.admit_with``; in lease mode, a round trip of its
+own). After the app, a note goes to the store only for an error, or for a success that ends
+failures this process saw (failures counted by other processes stand until their window
+passes). With ``on_repeat="refuse"`` every check is sent and counts a send. A store that
+fails fails the pipeline once: counted once, logged, and failed open (or closed) by the fuse,
+as every decision is; the call then goes unchecked for loops.
 
-**A refused request is still counted as sent.** The store runs the admission and the check
-together, before either answer is known, so a request the bucket or the velocity latch
-refuses has been counted by the check as a send of its call (its verdict is then dropped:
-the admission's refusal is the answer, and no ``check_loops`` decision is counted). That is
-deliberate: the caller did send it, and a caller repeating one call into a refusal repeats
-it all the same. It matters only with ``on_repeat="refuse"`` (repeats are not reported
-inbound otherwise), and a failure loop is never made by it: only failures noted after the
-app trip one.
+**A refused request is still counted as sent** when sends are counted (``on_repeat=
+"refuse"``). The store runs the admission and the check together, before either answer is
+known, so a request the bucket or the velocity latch refuses has been counted by the check as
+a send of its call (its verdict is then dropped: the admission's refusal is the answer, and no
+``check_loops`` decision is counted). That is deliberate: the caller did send it, and a
+caller repeating one call into a refusal repeats it all the same. A failure loop is never
+made by it: only failures noted after the app trip one.
 """
 
 from __future__ import annotations
@@ -107,10 +107,11 @@ class LoopCall:
 class InboundLoops:
     """The breaker of one middleware: check a request, note its response."""
 
-    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy, *, local: bool = False) -> None:
+    def __init__(self, fuse: Fuse, policy: FailureLoopPolicy) -> None:
         self.breaker = LoopBreaker(fuse, policy)
-        # Lease mode: the check may be answered locally, unless repeats are refused.
-        self.local = local and policy.on_repeat == "event"
+        # Repeats are not reported inbound, so unless they are refused no send needs counting:
+        # the check asks only "is this call tripped?", which a store's view may answer.
+        self.local = policy.on_repeat == "event"
 
     def prepare(
         self, identity: Identity, request: RequestView, query: Any, body: bytes | None
