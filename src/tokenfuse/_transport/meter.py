@@ -28,6 +28,7 @@ from .._usage import (
     reader_for_response,
 )
 from .._usage.estimate import reported, with_input
+from .._usage.readers import FixedReader, FramedReader
 from .account import account
 from .usage_option import Sending, sent_body
 
@@ -132,10 +133,17 @@ class Meter:
         else:
             reader.feed(body)
 
-    def feeder(self) -> Callable[[bytes], None]:
-        """What a stream calls with every chunk: the reader's own ``feed``, no layer between."""
+    def collector(self) -> tuple[list[bytes], Callable[[], None]] | None:
+        """Where a stream puts every chunk, and what it calls once ``BATCH`` bytes of them are
+        there (and the reader's ``finish`` reads the rest): no Python call per chunk. None
+        when nothing reads the chunks (no reader, or one whose answer came with the headers).
+        """
         reader = self._reader
-        return reader.feed if reader is not None else _ignore
+        if reader is None or isinstance(reader, FixedReader):
+            return None
+        if not isinstance(reader, FramedReader):
+            self._reader = reader = _Collected(reader)
+        return reader.batch, reader.flush
 
     def finish(self, *, complete: bool) -> float | None:
         """End the reading: the amount to record, or None (nothing to record, or done before)."""
@@ -170,8 +178,28 @@ class Meter:
         return reader.finish(complete=complete)
 
 
-def _ignore(chunk: bytes) -> None:
-    pass
+class _Collected:
+    """Any other reader (a guarded extractor's) behind a collector: its ``feed`` sees every
+    chunk, in order, a batch at a time, and the last batch before its ``finish``."""
+
+    __slots__ = ("_inner", "batch")
+
+    def __init__(self, inner: UsageReader) -> None:
+        self._inner = inner
+        self.batch: list[bytes] = []
+
+    def flush(self) -> None:
+        feed = self._inner.feed  # guarded: never raises
+        for chunk in self.batch:
+            feed(chunk)
+        self.batch.clear()
+
+    def feed(self, chunk: bytes) -> None:
+        self.batch.append(chunk)
+
+    def finish(self, *, complete: bool) -> Usage:
+        self.flush()
+        return self._inner.finish(complete=complete)
 
 
 class Metering:
