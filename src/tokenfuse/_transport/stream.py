@@ -88,7 +88,8 @@ class MeteredStream:
         try:
             self._inner.close()
         finally:
-            self._settle(self._meter, False)
+            if not self._meter.report.done:  # else settled at the end of the stream
+                self._settle(self._meter, False)
 
 
 class AsyncMeteredStream:
@@ -125,7 +126,8 @@ class AsyncMeteredStream:
         try:
             await self._inner.aclose()
         finally:
-            await self._settle(self._meter, False)
+            if not self._meter.report.done:  # else settled at the end of the stream
+                await self._settle(self._meter, False)
 
 
 def read_head(stream: _InnerStream, limit: int) -> tuple[bytes, Iterator[bytes]]:

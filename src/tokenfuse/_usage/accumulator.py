@@ -7,7 +7,7 @@ everything provider-specific comes from the `UsageShape` table.
 from __future__ import annotations
 
 from .estimate import tokens_for
-from .model import Usage, UsageShape, as_count
+from .model import MAX_COUNT, Usage, UsageShape, as_count
 from .scan import scanner_for
 
 CLOSED_EARLY = "stream closed before usage"
@@ -155,7 +155,11 @@ class Accumulator:
             value = node.get(field)
             if value is None:
                 continue  # absent or null (Anthropic deltas send null cache fields)
-            count = as_count(value)
+            # A plain int in range is what providers send: counted without a call; anything
+            # else is judged by `as_count`.
+            count = (
+                float(value) if type(value) is int and 0 <= value <= MAX_COUNT else as_count(value)
+            )
             if count is None:
                 self.invalid = True
             else:
