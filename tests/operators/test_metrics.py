@@ -389,6 +389,37 @@ def test_the_genai_token_usage_histogram(clock: Clock) -> None:
     }
 
 
+def test_the_histogram_follows_a_meter_provider_set_after_it(clock: Clock) -> None:
+    # Without a MeterProvider the API's proxy drops every value, and the observer skips the
+    # work; a provider set later (the application configuring OpenTelemetry after tokenfuse
+    # is imported) is recorded on from the next call.
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    proxy = _ProxyMeterProvider()
+    remove = install(GenAITokenUsage(proxy))
+    reader = InMemoryMetricReader()
+    try:
+        client = guarded(Fuse(MemoryStore(clock=clock)), openai_llm(1_000, 500))
+        chat(client)  # nowhere to go: dropped
+        proxy.on_set_meter_provider(MeterProvider(metric_readers=[reader]))
+        chat(client)
+    finally:
+        remove()
+    points = [
+        point
+        for resource in reader.get_metrics_data().resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    ]
+    assert sorted((p.attributes["gen_ai.token.type"], p.count, p.sum) for p in points) == [
+        ("input", 1, 1_000),
+        ("output", 1, 500),
+    ]
+
+
 def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones(
     scrape: Scrape, clock: Clock
 ) -> None:

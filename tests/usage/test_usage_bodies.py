@@ -13,6 +13,7 @@ from .samples import (
     ANTHROPIC_MESSAGE,
     BEDROCK_INVOKE,
     BODIES,
+    CHAT_USAGE,
     JSON,
     OLLAMA_DONE,
     OPENAI,
@@ -105,6 +106,9 @@ def test_zero_usage_is_counted_as_zero() -> None:
         pytest.param(b'{"usage": 1} trailing', "malformed JSON", id="trailing"),
         pytest.param(b"\xff\xfe\x00{", "malformed JSON", id="bad-utf8"),
         pytest.param(b"[" * 100_000, "malformed JSON", id="deep-nesting"),
+        pytest.param(b'{"a":' * 100_000, "malformed JSON", id="deep-object"),
+        pytest.param(b'{"usage": 1}\x0b', "malformed JSON", id="not-json-blank-after"),
+        pytest.param(b'{"usage": {"total_tokens": 3}', "malformed JSON", id="unclosed"),
         pytest.param(dumps(chat_completion(None)), "no usage in response body", id="null-usage"),
         pytest.param(b'"usage"', "no usage in response body", id="string"),
     ],
@@ -114,6 +118,17 @@ def test_bad_bodies_are_unknown_with_a_problem(body: bytes, problem: str) -> Non
     assert usage.total is None
     assert usage.problem == problem
     assert not usage.counts_nothing
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-8-sig"])
+def test_a_body_in_another_unicode_encoding_is_read_as_json_loads_reads_it(
+    encoding: str,
+) -> None:
+    # RFC 8259 wants UTF-8, but `json.loads` detects the others, and so does the reader.
+    body = dumps(chat_completion()).decode().encode(encoding)
+    usage = read(Sample(f"{OPENAI}/v1/chat/completions", JSON, body, 0, "openai"))
+    assert usage.total == CHAT_USAGE["total_tokens"]
+    assert usage.problem is None
 
 
 def test_body_closed_before_usage_is_partial_unknown() -> None:

@@ -196,3 +196,21 @@ def test_any_object_with_reader_for_is_asked_too() -> None:
         total=9.0, provider="nine"
     )
     assert reader_for_response(head_of(OPENAI_CHAT, method="GET"), registry) is None
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_responses_of_one_kind_read_at_once_share_nothing(name: str) -> None:
+    # The built-ins work out how a kind of response is read once, then make a fresh reader
+    # for each response: two of them read byte by byte, interleaved, each count their own.
+    sample = STREAMS[name]
+    head = head_of(sample)
+    first, second = reader_for_response(head), reader_for_response(head)
+    assert first is not None and second is not None
+    half = len(sample.body) // 2
+    for at in range(len(sample.body)):
+        first.feed(sample.body[at : at + 1])
+        if at < half:
+            second.feed(sample.body[at : at + 1])
+    whole, cut = first.finish(complete=True), second.finish(complete=False)
+    assert (whole.total, whole.provider) == (sample.total, sample.provider)
+    assert cut.partial or cut.total is None

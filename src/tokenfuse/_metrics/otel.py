@@ -14,6 +14,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
+from opentelemetry.metrics import NoOpHistogram
 
 from .._observe import CallFacts, install
 
@@ -56,6 +57,8 @@ class GenAITokenUsage:
         )
 
     def metered(self, identity: Identity, usage: Usage, call: CallFacts) -> None:
+        if _records_nowhere(self.histogram):
+            return
         attributes = {
             "gen_ai.operation.name": call.operation,
             "gen_ai.provider.name": PROVIDER_NAMES.get(usage.provider, usage.provider),
@@ -65,6 +68,17 @@ class GenAITokenUsage:
         for kind, amount in (("input", usage.input), ("output", usage.output)):
             if amount is not None:
                 self.histogram.record(amount, {**attributes, "gen_ai.token.type": kind})
+
+
+def _records_nowhere(histogram: Any) -> bool:
+    """Whether ``histogram`` drops what it is given: the API's no-op one, or the API's proxy
+    while no ``MeterProvider`` is set (the default when the application configures no
+    OpenTelemetry SDK). Then a call builds no attributes for it. The proxy keeps what it
+    forwards to in ``_real_instrument``: checked on every call, so a provider set later is
+    recorded on at once; an instrument without that attribute is recorded on as always."""
+    return isinstance(histogram, NoOpHistogram) or (
+        getattr(histogram, "_real_instrument", histogram) is None
+    )
 
 
 _installed: GenAITokenUsage | None = None

@@ -1,8 +1,9 @@
 """Response streams that show every chunk to a ``Meter`` and pass it on at once.
 
-A chunk is handed to the reader and yielded in the same step: nothing is buffered, nothing
-waits for the next chunk (the built-in readers look at what they are handed a few KiB at a
-time, which costs the stream nothing). The usage is settled (read and recorded) exactly once:
+A chunk is yielded as soon as it arrives: nothing waits for the next chunk. On its way it is
+put in the meter's batch (``Meter.collector``: a list append, no Python call per chunk), which
+the reader reads every ``BATCH`` bytes and at the end. The usage is settled (read and
+recorded) exactly once:
 
 * when the inner stream is exhausted: complete;
 * when it raises (a dropped connection): what was seen, partial, then the error goes on;
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar, cast
 
+from .._usage.readers import BATCH
 from .compat import Flavor
 from .meter import Meter
 
@@ -60,11 +62,21 @@ class MeteredStream:
         self._settle = settle
 
     def __iter__(self) -> Iterator[bytes]:
-        feed = self._meter.feeder()
+        collector = self._meter.collector()
         try:
-            for chunk in self._inner:
-                feed(chunk)
-                yield chunk
+            if collector is None:  # nothing to read
+                for chunk in self._inner:
+                    yield chunk
+            else:
+                batch, flush = collector
+                keep, held = batch.append, 0
+                for chunk in self._inner:
+                    keep(chunk)
+                    held += len(chunk)
+                    if held >= BATCH:
+                        flush()
+                        held = 0
+                    yield chunk
         except GeneratorExit:
             raise  # the consumer stopped early; close() settles what was seen
         except BaseException:
@@ -76,7 +88,8 @@ class MeteredStream:
         try:
             self._inner.close()
         finally:
-            self._settle(self._meter, False)
+            if not self._meter.report.done:  # else settled at the end of the stream
+                self._settle(self._meter, False)
 
 
 class AsyncMeteredStream:
@@ -88,11 +101,21 @@ class AsyncMeteredStream:
         self._settle = settle
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        feed = self._meter.feeder()
+        collector = self._meter.collector()
         try:
-            async for chunk in self._inner:
-                feed(chunk)
-                yield chunk
+            if collector is None:  # nothing to read
+                async for chunk in self._inner:
+                    yield chunk
+            else:
+                batch, flush = collector
+                keep, held = batch.append, 0
+                async for chunk in self._inner:
+                    keep(chunk)
+                    held += len(chunk)
+                    if held >= BATCH:
+                        flush()
+                        held = 0
+                    yield chunk
         except Exception:
             await self._settle(self._meter, False)
             raise
@@ -103,7 +126,8 @@ class AsyncMeteredStream:
         try:
             await self._inner.aclose()
         finally:
-            await self._settle(self._meter, False)
+            if not self._meter.report.done:  # else settled at the end of the stream
+                await self._settle(self._meter, False)
 
 
 def read_head(stream: _InnerStream, limit: int) -> tuple[bytes, Iterator[bytes]]:

@@ -7,7 +7,7 @@ everything provider-specific comes from the `UsageShape` table.
 from __future__ import annotations
 
 from .estimate import tokens_for
-from .model import Usage, UsageShape, as_count
+from .model import MAX_COUNT, Usage, UsageShape, as_count
 from .scan import scanner_for
 
 CLOSED_EARLY = "stream closed before usage"
@@ -19,15 +19,10 @@ class Accumulator:
     """Collects counts per field, last value wins, plus how the stream ended."""
 
     __slots__ = (
-        "_end_events",
-        "_end_keys",
-        "_fields",
-        "_markers",
         "_pending",
         "_scanner",
         "_shape",
         "_text",
-        "_valued_at",
         "counts",
         "cut",
         "end_seen",
@@ -49,13 +44,10 @@ class Accumulator:
         http_error: bool = False,
         streaming: bool = True,
     ) -> None:
+        # Made for every response: what follows from the shape alone is the scanner's, made
+        # once per shape (`scanner_for`), not copied here.
         self._shape = shape
-        self._fields = shape.fields
-        self._end_events = shape.end_events
-        self._end_keys = shape.end_keys
         self._scanner = scanner = scanner_for(shape)
-        self._markers = scanner.markers
-        self._valued_at = scanner.valued_at  # bound once: it runs on every batch of chunks
         self.provider = provider
         # Generated text is counted only for an estimate, and only where the shape says
         # where it is.
@@ -93,12 +85,13 @@ class Accumulator:
         """
         if self._text is not None:
             self.text_bytes += self._text.count(region)
+        scanner = self._scanner
         first = -1
-        for marker in self._markers:
+        for marker in scanner.markers:
             at = region.find(marker)  # find, not `in`: bytes.__contains__ tries int first
             if at >= 0 and (first < 0 or at < first):
                 first = at
-        valued = self._valued_at(region)
+        valued = scanner.valued_at(region)
         if valued >= 0 and (first < 0 or valued < first):
             first = valued
         return first
@@ -107,7 +100,7 @@ class Accumulator:
         """One SSE event or eventstream message."""
         if name == b"error":
             self.errored = True
-        elif name in self._end_events:
+        elif name in self._shape.end_events:
             self.end_seen = True
         self.payload(data)
 
@@ -118,7 +111,7 @@ class Accumulator:
             return
         if data.lstrip().startswith(b'{"error"'):
             self.errored = True
-        for key in self._end_keys:
+        for key in self._shape.end_keys:
             if data.find(key) >= 0:
                 self.end_seen = True
         if not self._scanner.has_value(data):
@@ -158,11 +151,15 @@ class Accumulator:
     def take(self, node: dict[str, object]) -> bool:
         """Read the count fields of one usage object; True if any was a valid count."""
         found = False
-        for field in self._fields:
+        for field in self._scanner.fields:
             value = node.get(field)
             if value is None:
                 continue  # absent or null (Anthropic deltas send null cache fields)
-            count = as_count(value)
+            # A plain int in range is what providers send: counted without a call; anything
+            # else is judged by `as_count`.
+            count = (
+                float(value) if type(value) is int and 0 <= value <= MAX_COUNT else as_count(value)
+            )
             if count is None:
                 self.invalid = True
             else:

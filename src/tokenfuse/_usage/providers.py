@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from .model import ResponseFacts, Usage, UsageReader, UsageShape, header_count
-from .readers import FixedReader, endpoint_reader
+from .readers import FixedReader, ReaderPlan, endpoint_plan
 
 # Where generated text sits: chat deltas and messages, legacy completions (`text`), tool call
 # arguments, reasoning; the Responses API streams it as `delta` strings (its `text` and
@@ -219,14 +219,53 @@ def route_for(path: str) -> Route | None:
     return found
 
 
-def builtin_reader(info: ResponseFacts) -> UsageReader | None:
-    """The reader for a response from any built-in provider, or the generic `usage` reader."""
+class _HeaderCounts:
+    """Bedrock InvokeModel: the usage its response headers report, or else its body's."""
+
+    __slots__ = ("_body",)
+
+    def __init__(self, body: ReaderPlan) -> None:
+        self._body = body
+
+    def reader(self, info: ResponseFacts) -> UsageReader | None:
+        usage = _header_usage(info.response_headers)
+        return FixedReader(usage) if usage is not None else self._body.reader(info)
+
+
+def _builtin_plan(info: ResponseFacts) -> ReaderPlan:
     route = route_for(info.path)
     if route is None:
-        return endpoint_reader(info, GENERIC, host_provider(info, "generic"), sniff=False)
+        return endpoint_plan(info, GENERIC, host_provider(info, "generic"), sniff=False)
     provider = route.provider or host_provider(info, "openai-compatible")
+    plan = endpoint_plan(info, route.shape, provider)
     if route.header_counts and info.ok and info.method == "POST":
-        usage = _header_usage(info.response_headers)
-        if usage is not None:
-            return FixedReader(usage)
-    return endpoint_reader(info, route.shape, provider)
+        return _HeaderCounts(plan)
+    return plan
+
+
+_PlanKey = tuple[str, str, str, bool, str, str, bool]
+_plans: dict[_PlanKey, ReaderPlan] = {}
+
+
+def builtin_reader(info: ResponseFacts) -> UsageReader | None:
+    """The reader for a response from any built-in provider, or the generic `usage` reader.
+
+    Which one depends on a few facts of the response only (below); a client gets responses of
+    few kinds, each many times, so each kind's plan is worked out once and remembered.
+    """
+    key = (
+        info.method,
+        info.host,
+        info.path,
+        info.ok,
+        info.content_type,
+        info.content_encoding,
+        info.estimate,
+    )
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _builtin_plan(info)
+        if len(_plans) >= _CACHE_SIZE:
+            _plans.clear()  # paths with ids in them must not grow memory
+        _plans[key] = plan
+    return plan.reader(info)

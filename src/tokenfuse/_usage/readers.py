@@ -117,31 +117,37 @@ BATCH = 4 * 1024
 
 class FramedReader:
     """The standard reader. Exceptions are caught here, once, so that a bug in a framer can
-    never break the caller's response; they end reading with a problem."""
+    never break the caller's response; they end reading with a problem.
 
-    __slots__ = ("_acc", "_batch", "_batched", "_feed", "_framer", "_result")
+    Chunks are collected in ``batch`` and handed to the framer ``BATCH`` bytes at a time. A
+    stream wrapper may append to ``batch`` itself and call ``flush`` every ``BATCH`` bytes:
+    the same work as ``feed`` for every chunk, without a Python call per chunk.
+    """
+
+    __slots__ = ("_acc", "_batched", "_feed", "_framer", "_result", "batch")
 
     def __init__(self, framer: Framer, acc: Accumulator) -> None:
         self._framer = framer
         self._acc = acc
         self._feed: Callable[[bytes], None] = framer.feed
-        self._batch: list[bytes] = []  # chunks not yet handed to the framer
-        self._batched = 0  # their length
+        self.batch: list[bytes] = []  # chunks not yet handed to the framer
+        self._batched = 0  # their length, as far as `feed` counted it
         self._result: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
         # The hot path, once per chunk: no more than remembering it.
         try:
-            self._batch.append(chunk)
+            self.batch.append(chunk)
             self._batched += len(chunk)
         except Exception:
             self._fail()
             return
         if self._batched >= BATCH:
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
-        batch = self._batch
+    def flush(self) -> None:
+        """Hand the chunks collected so far to the framer."""
+        batch = self.batch
         if not batch:
             return
         try:
@@ -154,12 +160,12 @@ class FramedReader:
 
     def _fail(self) -> None:
         self._feed = _ignore
-        self._batch.clear()
+        self.batch.clear()
         self._acc.stop(INTERNAL_ERROR)
 
     def finish(self, *, complete: bool) -> Usage:
         if self._result is None:
-            self._flush()
+            self.flush()
             try:
                 # A body we stopped reading is as incomplete as one the client closed early.
                 self._framer.close(complete and not self._acc.cut)
@@ -216,6 +222,88 @@ class GuardedReader:
         return Usage.unknown(self._provider, "custom usage reader failed")
 
 
+class ReaderPlan(Protocol):
+    """How every response of one kind is read: worked out once per kind (endpoint, status,
+    content-type, content-coding), then a fresh reader for each response of that kind."""
+
+    def reader(self, info: ResponseFacts) -> UsageReader | None: ...
+
+
+class ShapePlan:
+    """Responses framed and read with one `UsageShape`: a new `FramedReader` for each."""
+
+    __slots__ = ("_coding", "_estimate", "_factory", "_http_error", "_provider", "_shape")
+
+    def __init__(
+        self, shape: UsageShape, provider: str, factory: FramerFactory, info: ResponseFacts
+    ) -> None:
+        self._shape = shape
+        self._provider = provider
+        self._factory = factory
+        self._coding = info.content_encoding
+        self._estimate = info.estimate
+        self._http_error = not info.ok
+
+    def reader(self, info: ResponseFacts) -> UsageReader:
+        decoder = None
+        if self._coding:  # decoded anew for each response, with what is installed now
+            try:
+                decoder = make_decoder(self._coding)
+            except UnsupportedEncoding as exc:
+                if self._http_error:
+                    return FixedReader(Usage.nothing(self._provider))
+                return FixedReader(Usage.unknown(self._provider, str(exc)))
+        factory = self._factory
+        acc = Accumulator(
+            self._shape,
+            self._provider,
+            estimate=self._estimate,
+            http_error=self._http_error,
+            streaming=factory is not JsonBodyFramer,
+        )
+        framer: Framer = factory(acc)
+        if decoder is not None:
+            framer = DecodingFramer(decoder, framer, acc)
+        return FramedReader(framer, acc)
+
+
+class FixedPlan:
+    """Responses whose usage is known before their body (an endpoint that counts nothing, a
+    content-coding that cannot be undone)."""
+
+    __slots__ = ("_usage",)
+
+    def __init__(self, usage: Usage) -> None:
+        self._usage = usage
+
+    def reader(self, info: ResponseFacts) -> UsageReader:
+        return FixedReader(self._usage)
+
+
+class _NoReader:
+    """Responses that are not LLM calls worth counting."""
+
+    __slots__ = ()
+
+    def reader(self, info: ResponseFacts) -> None:
+        return None
+
+
+NO_READER: ReaderPlan = _NoReader()
+
+
+def shape_plan(
+    info: ResponseFacts, shape: UsageShape, provider: str, *, sniff: bool = True
+) -> ReaderPlan:
+    """The plan of `shape_reader`: how responses like `info` whose usage has `shape` are read."""
+    factory = _framer_for(info.content_type)
+    if factory is None:
+        if not sniff:
+            return NO_READER
+        factory = SniffFramer
+    return ShapePlan(shape, provider, factory, info)
+
+
 def shape_reader(
     info: ResponseFacts, shape: UsageShape, provider: str, *, sniff: bool = True
 ) -> UsageReader | None:
@@ -224,26 +312,23 @@ def shape_reader(
     None when the content-type cannot carry usage and `sniff` is off (an unknown endpoint
     returning an image, HTML, audio...): such a response is not an LLM call worth counting.
     """
-    factory = _framer_for(info.content_type)
-    if factory is None:
-        if not sniff:
-            return None
-        factory = SniffFramer
-    try:
-        decoder = make_decoder(info.content_encoding)
-    except UnsupportedEncoding as exc:
-        return FixedReader(
-            Usage.unknown(provider, str(exc)) if info.ok else Usage.nothing(provider)
-        )
-    acc = Accumulator(
-        shape,
-        provider,
-        estimate=info.estimate,
-        http_error=not info.ok,
-        streaming=factory is not JsonBodyFramer,
-    )
-    framer = factory(acc)
-    return FramedReader(framer if decoder is None else DecodingFramer(decoder, framer, acc), acc)
+    return shape_plan(info, shape, provider, sniff=sniff).reader(info)
+
+
+def endpoint_plan(
+    info: ResponseFacts,
+    shape: UsageShape | None,
+    provider: str,
+    *,
+    sniff: bool = True,
+) -> ReaderPlan:
+    """The plan of `endpoint_reader`."""
+    if shape is None or info.method != "POST":
+        return FixedPlan(Usage.nothing(provider))
+    plan = shape_plan(info, shape, provider, sniff=sniff)
+    if plan is NO_READER and not info.ok:
+        return FixedPlan(Usage.nothing(provider))
+    return plan
 
 
 def endpoint_reader(
@@ -257,9 +342,4 @@ def endpoint_reader(
     tokens (GET and friends retrieve earlier results), `shape=None` marks an endpoint that counts
     nothing by design (count-tokens), and an error response counts nothing unless its body
     reports usage."""
-    if shape is None or info.method != "POST":
-        return FixedReader(Usage.nothing(provider))
-    reader = shape_reader(info, shape, provider, sniff=sniff)
-    if reader is None and not info.ok:
-        return FixedReader(Usage.nothing(provider))
-    return reader
+    return endpoint_plan(info, shape, provider, sniff=sniff).reader(info)

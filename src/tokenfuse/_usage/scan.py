@@ -48,9 +48,11 @@ def value_after(data: bytes, at: int) -> object:
 class UsageScanner:
     """Finds the usage objects of one `UsageShape` in raw JSON bytes, last first."""
 
-    __slots__ = ("_containers", "_fields", "_nulls", "_valued", "markers", "text")
+    __slots__ = ("_containers", "_nulls", "_root_fields", "_valued", "fields", "markers", "text")
 
     def __init__(self, shape: UsageShape) -> None:
+        #: The shape's count fields (`UsageShape.fields`, which builds the tuple anew).
+        self.fields = shape.fields
         #: Counts the shape's generated text, for estimates (None: the shape names none).
         self.text = TextCounter(shape.text_keys) if shape.text_keys else None
         #: What else makes a stream record worth reading: an error, or the end of the stream
@@ -58,12 +60,12 @@ class UsageScanner:
         self.markers = (b"error", b"[DONE]", *shape.end_events, *shape.end_keys)
         self._containers = tuple(dict.fromkeys(_quoted(p[-1]) for p in shape.containers if p))
         root = () in shape.containers
-        self._fields = tuple((f, _quoted(f)) for f in shape.fields) if root else ()
+        self._root_fields = tuple((f, _quoted(f)) for f in shape.fields) if root else ()
         # One regex search is the cheapest "is there a usage key with a non-null value?": a
         # literal prefix lets the engine skip ahead, and OpenAI-style streams repeat
         # `"usage":null` on every chunk. The lookahead refuses `n` (a JSON value starting with
         # n is null) and blanks, so that backtracking cannot stop short of the value.
-        keys = self._containers or tuple(key for _, key in self._fields)
+        keys = self._containers or tuple(key for _, key in self._root_fields)
         alternatives = b"|".join(re.escape(key) for key in keys)
         self._valued = re.compile(b"(?:%s)[ \t\r\n]*:[ \t\r\n]*(?![ \t\r\nn])" % alternatives)
         self._nulls = tuple((key, key + b":null", key + b": null") for key in keys)
@@ -108,7 +110,7 @@ class UsageScanner:
                     yield value
                 end = at
         node: dict[str, object] = {}
-        for field, key in self._fields:
+        for field, key in self._root_fields:
             at = data.rfind(key)
             if at >= 0:
                 node[field] = value_after(data, at + len(key))
