@@ -117,20 +117,29 @@ _FAILURE, _REPEAT = 1, 2
 # -- fingerprints -------------------------------------------------------------------------------
 
 
+def _without_ids(part: Any) -> Any:
+    """A dict without its ``ID_FIELDS`` (the dict itself when it has none: nothing to copy)."""
+    if not isinstance(part, dict) or ID_FIELDS.isdisjoint(part):
+        return part
+    return {key: value for key, value in part.items() if key not in ID_FIELDS}
+
+
 def _strip(item: Any) -> Any:
-    """A message or item without its ids, nor those of its content blocks and tool calls."""
-    if not isinstance(item, dict):
-        return item
-    kept = {key: value for key, value in item.items() if key not in ID_FIELDS}
+    """A message or item without its ids, nor those of its content blocks and tool calls.
+
+    Only what holds an id is copied: most messages and blocks have none, and are kept as
+    they are (the canonical JSON of a dict and of its copy is the same)."""
+    kept = _without_ids(item)
+    if not isinstance(kept, dict):
+        return kept
     for name in _NESTED_LISTS:
         nested = kept.get(name)
-        if isinstance(nested, list):
-            kept[name] = [
-                {k: v for k, v in part.items() if k not in ID_FIELDS}
-                if isinstance(part, dict)
-                else part
-                for part in nested
-            ]
+        if isinstance(nested, list) and nested:
+            stripped = [_without_ids(part) for part in nested]
+            if stripped != nested:  # a part lost its ids (the same parts: one C comparison)
+                if kept is item:
+                    kept = dict(item)
+                kept[name] = stripped
     return kept
 
 
@@ -157,12 +166,17 @@ def parsed_body(body: bytes | None) -> tuple[bool, Any]:
         return False, None
 
 
+#: Canonical JSON: keys sorted, no spaces, text as it is. Made once (``json.dumps`` would make
+#: an encoder per call); no check for cycles, as a parsed body has none.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
+)
+
+
 def _canonical(parsed: Any) -> bytes | None:
     """The normalised body as canonical JSON, or None when it cannot be written back."""
     try:
-        text = json.dumps(
-            normalised(parsed), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
+        text = _CANONICAL.encode(normalised(parsed))
     except (ValueError, TypeError, RecursionError):
         return None
     return text.encode("utf-8", "surrogatepass")

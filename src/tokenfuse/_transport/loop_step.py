@@ -27,14 +27,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from .._core.loops import LoopVerdict, parsed_body
-from .._core.tool_history import tool_calls, tool_loop
+from .._core.tool_history import failing_tail, may_hold_results, tool_loop
 from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
 from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck
 from .compat import Flavor
 from .refusal import Gatekeeper
-from .stream import _of_library
+from .stream import AsyncMeteredStream, MeteredStream, _of_library
 from .usage_option import sent_body
 
 __all__ = ["LoopStep", "LoopWatch", "failure_of"]
@@ -56,7 +56,9 @@ _STREAM_ERRORS = (
 )
 _CARRY = max(len(mark) for mark in _STREAM_ERRORS)
 #: Every mark holds one of these words: a chunk without one (and not ending with the start of
-#: one) is passed over with two searches.
+#: one) is passed over with two searches. Bytes are searched with ``find``, never ``in``:
+#: CPython first tries an ``in`` operand as an integer, and formats the TypeError it then
+#: drops (some 2k instructions a search, more than the search).
 _WORDS = (b"error", b"failed")
 #: The last bytes of a chunk when the next one may finish a word it began.
 _WORD_BYTES = frozenset(byte for word in _WORDS for byte in word[:-1])
@@ -65,7 +67,7 @@ _WORD_BYTES = frozenset(byte for word in _WORDS for byte in word[:-1])
 def _split_word(previous: bytes, chunk: bytes) -> bool:
     """Whether a word of ``_WORDS`` runs across the border of two chunks."""
     border = previous[-5:] + chunk[:5]
-    return any(word in border for word in _WORDS)
+    return any(border.find(word) >= 0 for word in _WORDS)
 
 
 def failure_of(status: int, body: bytes, event_stream: bool) -> tuple[bool, str]:
@@ -73,9 +75,9 @@ def failure_of(status: int, body: bytes, event_stream: bool) -> tuple[bool, str]
     if status in _NOT_FAILURES:
         return False, ""
     if event_stream:
-        failed = status >= 400 or any(mark in body for mark in _STREAM_ERRORS)
+        failed = status >= 400 or any(body.find(mark) >= 0 for mark in _STREAM_ERRORS)
         return failed, "stream_error" if failed and status < 400 else ""
-    error = _error_object(body) if status >= 400 or b'"error"' in body else None
+    error = _error_object(body) if status >= 400 or body.find(b'"error"') >= 0 else None
     if status >= 400:
         return True, _error_type(error)
     if error is not None:
@@ -127,7 +129,6 @@ class LoopWatch:
         "carry",
         "done",
         "identity",
-        "keep_head",
         "marked",
         "needs_success",
         "pending",
@@ -137,7 +138,6 @@ class LoopWatch:
         self.identity = identity
         self.call = call
         self.needs_success = needs_success
-        self.keep_head = True  # an event stream's errors are its marks, not a JSON head
         self._parts: list[bytes] = []
         self._kept = 0
         self.carry = b""
@@ -150,31 +150,41 @@ class LoopWatch:
         """The start of the body (at most ``_HEAD`` bytes), for an error object."""
         return b"".join(self._parts)
 
-    def feed(self, chunk: bytes) -> None:
-        """Look at a chunk of the body: keep its start, find error marks in a stream.
+    def feeder(self, event_stream: bool) -> Callable[[bytes], None]:
+        """What a streamed body's chunks are shown to: an event stream's errors are its marks
+        (``find``), any other body's its head (``keep``): each chunk pays for one of them."""
+        return self.find if event_stream else self.keep
 
-        Cheap per chunk, as a stream has thousands: the start is kept as a list of slices
-        (joined once, at the end), and the marks are looked for only where an ``error`` is
-        (within the chunk, or across its border with the previous one).
-        """
-        if self.keep_head and self._kept < _HEAD:
+    def feed(self, chunk: bytes) -> None:
+        """Look at a body read at once (or a chunk of it): keep its start, find its marks."""
+        self.keep(chunk)
+        self.find(chunk)
+
+    def keep(self, chunk: bytes) -> None:
+        """Keep the start of the body: a list of slices, joined once, at the end."""
+        if self._kept < _HEAD:
             part = chunk[: _HEAD - self._kept]
             self._parts.append(part)
             self._kept += len(part)
-        if self.marked:
-            return
+
+    def find(self, chunk: bytes) -> None:
+        """Look for error marks: cheap per chunk, as a stream has thousands. A chunk is
+        searched for the marks only where an ``error`` (or ``failed``) is: within the chunk,
+        across its border with the previous one, or (``pending``) in the bytes carried over,
+        where a mark may have begun."""
         # ``carry`` ends with the last _CARRY bytes seen (a long chunk is kept as it is, not
-        # copied): a mark ending in this chunk lies within ``carry + chunk``. Every mark holds
-        # a word of _WORDS, found in the chunk, across its border, or (``pending``) in the
-        # carried bytes, where a mark may have begun.
+        # copied): a mark ending in this chunk lies within ``carry + chunk``.
         carry = self.carry
-        hit = b"error" in chunk or b"failed" in chunk
-        split = bool(carry) and carry[-1] in _WORD_BYTES and _split_word(carry, chunk)
-        if hit or split or self.pending:
+        if (
+            chunk.find(b"error") >= 0
+            or chunk.find(b"failed") >= 0
+            or self.pending
+            or (carry and carry[-1] in _WORD_BYTES and _split_word(carry, chunk))
+        ):
             window = carry + chunk
-            self.marked = any(mark in window for mark in _STREAM_ERRORS)
+            self.marked = self.marked or any(window.find(mark) >= 0 for mark in _STREAM_ERRORS)
             end = window[-_CARRY:]
-            self.pending = b"error" in end or b"failed" in end
+            self.pending = end.find(b"error") >= 0 or end.find(b"failed") >= 0
         self.carry = chunk if len(chunk) >= _CARRY else (carry + chunk)[-_CARRY:]
 
 
@@ -214,10 +224,11 @@ class LoopStep:
 
     def _tool_loop(self, identity: Identity, call: CallName, parsed: Any, request: Any) -> None:
         policy, breaker = self.policy, self.breaker
-        if policy is None or breaker is None:
+        if policy is None or breaker is None or not may_hold_results(sent_body(request) or b""):
             return
         try:
-            loop = tool_loop(tool_calls(parsed), policy.tool_failures, policy.tool_alternations)
+            tail = failing_tail(parsed)  # the history's end: all that makes a loop
+            loop = tool_loop(tail, policy.tool_failures, policy.tool_alternations)
         except Exception as exc:  # a body of a shape no one foresaw must not break the call
             logger.debug("tokenfuse: reading the tool calls failed: %r", exc)
             return
@@ -261,9 +272,13 @@ class LoopStep:
             watch.feed(body)
             self._note(watch, response)
             return
-        watch.keep_head = not _event_stream(response)
+        feed = watch.feeder(_event_stream(response))
+        stream = response.stream
+        if isinstance(stream, MeteredStream):  # the meter's: one generator for both
+            stream.attach(feed, lambda: self._note(watch, response))
+            return
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
-            response.stream, watch, lambda: self._note(watch, response)
+            stream, feed, lambda: self._note(watch, response)
         )
 
     async def aafter(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
@@ -274,9 +289,13 @@ class LoopStep:
             watch.feed(body)
             await self._anote(watch, response)
             return
-        watch.keep_head = not _event_stream(response)
+        feed = watch.feeder(_event_stream(response))
+        stream = response.stream
+        if isinstance(stream, AsyncMeteredStream):
+            stream.attach(feed, lambda: self._anote(watch, response))
+            return
         response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
-            response.stream, watch, lambda: self._anote(watch, response)
+            stream, feed, lambda: self._anote(watch, response)
         )
 
     def _outcome(self, watch: LoopWatch, response: Any) -> tuple[bool, int, str] | None:
@@ -313,15 +332,17 @@ class LoopStep:
 
 
 class LoopStream:
-    """Sync mixin: pass the body on, show it to the watch, note the call at the end."""
+    """Sync mixin: pass the body on, show it to the watch, note the call at the end. Only for
+    a body the meter does not read (no usage reader for it): else the meter's stream shows
+    the watch its chunks (``MeteredStream.attach``)."""
 
-    def __init__(self, inner: Any, watch: LoopWatch, done: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, feed: Callable[[bytes], None], done: Callable[[], None]):
         self._inner = inner
-        self._watch = watch
+        self._feed = feed
         self._done = done
 
     def __iter__(self) -> Iterator[bytes]:
-        feed = self._watch.feed
+        feed = self._feed
         for chunk in self._inner:
             feed(chunk)
             yield chunk
@@ -337,13 +358,15 @@ class LoopStream:
 class AsyncLoopStream:
     """Async mixin: the same as ``LoopStream``."""
 
-    def __init__(self, inner: Any, watch: LoopWatch, done: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, inner: Any, feed: Callable[[bytes], None], done: Callable[[], Awaitable[None]]
+    ) -> None:
         self._inner = inner
-        self._watch = watch
+        self._feed = feed
         self._done = done
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        feed = self._watch.feed
+        feed = self._feed
         async for chunk in self._inner:
             feed(chunk)
             yield chunk

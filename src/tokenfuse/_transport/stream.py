@@ -52,58 +52,101 @@ class _AsyncInnerStream(AsyncIterable[bytes], Protocol):
 
 
 class MeteredStream:
-    """Sync mixin: iterate the inner stream, feed the meter, settle at the end or on close."""
+    """Sync mixin: iterate the inner stream, feed the meter, settle at the end or on close.
+
+    Another step can ``attach`` its own look at the chunks (the failure-loop watch): it is
+    fed in the same loop and ended after the settling, so a stream pays for one generator
+    however many steps watch it (a generator layer per step cost more than the steps)."""
+
+    _watch: Callable[[bytes], None] | None = None
+    _done: Callable[[], None] | None = None
 
     def __init__(self, inner: _InnerStream, meter: Meter, settle: Settle) -> None:
         self._inner = inner
         self._meter = meter
         self._settle = settle
 
+    def attach(self, watch: Callable[[bytes], None], done: Callable[[], None]) -> None:
+        """Show every chunk to ``watch`` too, after the meter; call ``done`` when the stream
+        ends or is closed, after settling (an error leaves it to ``close``). Before reading."""
+        self._watch, self._done = watch, done
+
     def __iter__(self) -> Iterator[bytes]:
-        feed = self._meter.feeder()
+        feed, watch = self._meter.feeder(), self._watch
         try:
-            for chunk in self._inner:
-                feed(chunk)
-                yield chunk
+            if watch is None:
+                for chunk in self._inner:
+                    feed(chunk)
+                    yield chunk
+            else:  # the same loop, written twice: a call per chunk saved where none watches
+                for chunk in self._inner:
+                    feed(chunk)
+                    watch(chunk)
+                    yield chunk
         except GeneratorExit:
             raise  # the consumer stopped early; close() settles what was seen
         except BaseException:
             self._settle(self._meter, False)
             raise
         self._settle(self._meter, True)
+        if self._done is not None:
+            self._done()
 
     def close(self) -> None:
         try:
             self._inner.close()
         finally:
-            self._settle(self._meter, False)
+            try:
+                self._settle(self._meter, False)
+            finally:
+                if self._done is not None:
+                    self._done()
 
 
 class AsyncMeteredStream:
     """Async mixin: the same as ``MeteredStream`` with ``async for`` and ``aclose``."""
+
+    _watch: Callable[[bytes], None] | None = None
+    _done: Callable[[], Awaitable[None]] | None = None
 
     def __init__(self, inner: _AsyncInnerStream, meter: Meter, settle: ASettle) -> None:
         self._inner = inner
         self._meter = meter
         self._settle = settle
 
+    def attach(self, watch: Callable[[bytes], None], done: Callable[[], Awaitable[None]]) -> None:
+        """As ``MeteredStream.attach``, ``done`` awaited."""
+        self._watch, self._done = watch, done
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        feed = self._meter.feeder()
+        feed, watch = self._meter.feeder(), self._watch
         try:
-            async for chunk in self._inner:
-                feed(chunk)
-                yield chunk
+            if watch is None:
+                async for chunk in self._inner:
+                    feed(chunk)
+                    yield chunk
+            else:
+                async for chunk in self._inner:
+                    feed(chunk)
+                    watch(chunk)
+                    yield chunk
         except Exception:
             await self._settle(self._meter, False)
             raise
         # GeneratorExit and cancellation: aclose() settles, outside the dying generator.
         await self._settle(self._meter, True)
+        if self._done is not None:
+            await self._done()
 
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()
         finally:
-            await self._settle(self._meter, False)
+            try:
+                await self._settle(self._meter, False)
+            finally:
+                if self._done is not None:
+                    await self._done()
 
 
 def read_head(stream: _InnerStream, limit: int) -> tuple[bytes, Iterator[bytes]]:
