@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -224,6 +225,63 @@ def test_bad_and_huge_bodies_get_a_fingerprint_and_never_raise(body: bytes) -> N
 def test_bodies_past_the_parse_limit_are_hashed_as_bytes_with_their_length() -> None:
     big = b'{"a": "' + b"x" * loops.PARSE_LIMIT + b'"}'
     assert mark(big) != mark(big[:-2] + b'y"}')  # the bytes count
+
+
+def _copied_whole(body: object) -> object:
+    """The normalisation written plainly (every message and block copied), to hold the
+    fingerprint's (which copies only what holds an id) to it."""
+
+    def bare(part: object) -> object:
+        if not isinstance(part, dict):
+            return part
+        return {key: value for key, value in part.items() if key not in loops.ID_FIELDS}
+
+    def strip(item: object) -> object:
+        kept = bare(item)
+        if isinstance(kept, dict):
+            for name in ("content", "tool_calls"):
+                if isinstance(kept.get(name), list):
+                    kept[name] = [bare(part) for part in kept[name]]
+        return kept
+
+    if not isinstance(body, dict):
+        return body
+    kept = {key: value for key, value in body.items() if key not in loops.VOLATILE}
+    for name in ("messages", "input", "contents"):
+        if isinstance(kept.get(name), list):
+            kept[name] = [strip(item) for item in kept[name]]
+    return kept
+
+
+def _random_body(rng: random.Random) -> object:
+    ids = ["id", "tool_call_id", "call_id", "tool_use_id", "cache_control"]
+    fields = [*ids, "role", "content", "text", "name", "arguments", "type"]
+
+    def part() -> object:
+        if rng.random() < 0.15:
+            return rng.choice(["text", 3, None, ["x"]])
+        return {rng.choice(fields): rng.choice(["v", 1, {"id": "kept"}]) for _ in range(3)}
+
+    def item() -> object:
+        found = part()
+        if isinstance(found, dict) and rng.random() < 0.6:
+            found[rng.choice(["content", "tool_calls"])] = [part() for _ in range(3)]
+        return found
+
+    body: dict[str, object] = {"model": "m", rng.choice(["stream", "user", "x"]): True}
+    for name in rng.sample(["messages", "input", "contents", "tools"], 2):
+        body[name] = [item() for _ in range(rng.randint(0, 5))]
+    return body
+
+
+def test_the_fingerprint_normalises_as_copying_everything_would() -> None:
+    rng = random.Random(12)
+    for _ in range(2_000):
+        body = _random_body(rng)
+        before = json.dumps(body, sort_keys=True)
+        plain = json.dumps(_copied_whole(body), sort_keys=True, separators=(",", ":"))
+        assert loops._canonical(body) == plain.encode()
+        assert json.dumps(body, sort_keys=True) == before  # the parsed body is left as it was
 
 
 def test_clean_error_keeps_a_short_type_only() -> None:

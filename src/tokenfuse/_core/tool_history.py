@@ -156,15 +156,19 @@ def may_hold_results(body: bytes) -> bool:
 
 def tool_calls(body: Any) -> list[ToolCall]:
     """The tool calls of a request's history that have a result, in the order asked."""
-    asked, order, results = _history(body)
+    asked, order, results = _history(_items(body))
     return [_call(asked, results, call) for call in order if call in results]
 
 
-def failing_tail(body: Any) -> list[ToolCall]:
+def failing_tail(body: Any, raw: bytes | None = None) -> list[ToolCall]:
     """The failing calls at the end of ``tool_calls(body)`` (all that ``tool_loop`` looks at),
     reading no call before them: a long history costs one pass over its items, and only its
-    tail's arguments are made canonical and its results read."""
-    asked, order, results = _history(body)
+    tail's arguments are made canonical and its results read. ``raw``: the body's bytes, to
+    skip a history that holds no result at all (``may_hold_results``)."""
+    items = _items(body)
+    if not items or (raw is not None and not may_hold_results(raw)):
+        return []
+    asked, order, results = _history(items)
     tail: list[ToolCall] = []
     for call in reversed(order):
         if call not in results:
@@ -183,19 +187,22 @@ def _call(asked: _Asked, results: _Results, call: str) -> ToolCall:
     return ToolCall(_name(name), _canonical(arguments), is_error or looks_like_error(content))
 
 
-def _history(body: Any) -> tuple[_Asked, list[str], _Results]:
-    """The calls asked (in order) and the results given, as found in the body (unread)."""
-    asked: _Asked = {}
-    order: list[str] = []
-    results: _Results = {}
+def _items(body: Any) -> list[Any] | None:
+    """The history: a chat's ``messages``, or a response's ``input`` items."""
     if not isinstance(body, dict):
-        return asked, order, results
+        return None
     items = body.get("messages")
     if not isinstance(items, list):
         items = body.get("input")
-    if not isinstance(items, list):
-        return asked, order, results
-    for item in items:
+    return items if isinstance(items, list) else None
+
+
+def _history(items: list[Any] | None) -> tuple[_Asked, list[str], _Results]:
+    """The calls asked (in order) and the results given, as found in the items (unread)."""
+    asked: _Asked = {}
+    order: list[str] = []
+    results: _Results = {}
+    for item in items or ():
         if isinstance(item, dict):
             _read_item(item, asked, order, results)
     return asked, order, results

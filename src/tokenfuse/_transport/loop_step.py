@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from .._core.loops import LoopVerdict, parsed_body
-from .._core.tool_history import failing_tail, may_hold_results, tool_loop
+from .._core.tool_history import failing_tail, tool_loop
 from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
@@ -226,10 +226,10 @@ class LoopStep:
 
     def _tool_loop(self, identity: Identity, call: CallName, parsed: Any, request: Any) -> None:
         policy, breaker = self.policy, self.breaker
-        if policy is None or breaker is None or not may_hold_results(sent_body(request) or b""):
+        if policy is None or breaker is None:
             return
         try:
-            tail = failing_tail(parsed)  # the history's end: all that makes a loop
+            tail = failing_tail(parsed, sent_body(request))  # the end: all that makes a loop
             loop = tool_loop(tail, policy.tool_failures, policy.tool_alternations)
         except Exception as exc:  # a body of a shape no one foresaw must not break the call
             logger.debug("tokenfuse: reading the tool calls failed: %r", exc)
