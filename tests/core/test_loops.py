@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import random
 
@@ -282,6 +284,48 @@ def test_the_fingerprint_normalises_as_copying_everything_would() -> None:
         plain = json.dumps(_copied_whole(body), sort_keys=True, separators=(",", ":"))
         assert loops._canonical(body) == plain.encode()
         assert json.dumps(body, sort_keys=True) == before  # the parsed body is left as it was
+
+
+@pytest.mark.parametrize("size", [1, 32, 63, 64, 65, 200])
+def test_the_fingerprint_is_hmac_sha256_for_any_secret(size: int) -> None:
+    secret = bytes(range(256))[:size]
+    for body in (b"", json.dumps(CHAT).encode(), b"not json", b"x" * 70_000):
+        mac = hmac.new(secret, digestmod=hashlib.sha256)
+        mac.update(b"POST api.openai.com /v1/chat/completions\n")
+        if body:
+            canonical = loops._canonical(json.loads(body)) if body[:1] == b"{" else None
+            if canonical is not None:
+                mac.update(b"json\n" + canonical)
+            else:
+                mac.update(b"bytes %d\n" % len(body) + body)
+        expected = mac.hexdigest()[: loops.FINGERPRINT_LENGTH]
+        assert fingerprint(secret, "POST", "api.openai.com", "/v1/chat/completions", body) == (
+            expected
+        )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps(CHAT).encode(),
+        json.dumps({"text": "é ☃ 𝄞"}, ensure_ascii=False).encode(),
+        '{"text": "é"}'.encode("utf-16-le"),
+        '{"text": "é"}'.encode("utf-16"),
+        '{"text": "é"}'.encode("utf-32-le"),
+        '{"text": "é"}'.encode("utf-8-sig"),
+        b"{",
+        b"{\x00",
+        b'{"a": "\xff"}',
+        b'{"text": "\\ud800"}',
+        b" [1]",
+    ],
+)
+def test_a_body_parses_as_json_loads_parses_it(body: bytes) -> None:
+    try:
+        expected = (True, json.loads(body))
+    except ValueError:
+        expected = (False, None)
+    assert loops.parsed_body(body) == expected
 
 
 def test_clean_error_keeps_a_short_type_only() -> None:
