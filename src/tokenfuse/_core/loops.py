@@ -197,7 +197,7 @@ _BLOCK = 64
 
 
 @functools.lru_cache(maxsize=16)
-def _keyed(secret: bytes) -> tuple[Any, Any]:
+def _keyed(secret: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
     """HMAC-SHA256 keyed with ``secret``, as the inner and outer SHA-256 states after their
     padded keys (RFC 2104, as ``hmac`` builds it): copied per call, the key's setup is paid
     once. ``hmac.HMAC.copy`` and its digest copy OpenSSL's three contexts each time, twice
