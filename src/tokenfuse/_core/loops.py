@@ -200,9 +200,9 @@ _BLOCK = 64
 def _keyed(secret: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
     """HMAC-SHA256 keyed with ``secret``, as the inner and outer SHA-256 states after their
     padded keys (RFC 2104, as ``hmac`` builds it): copied per call, the key's setup is paid
-    once. ``hmac.HMAC.copy`` and its digest copy OpenSSL's three contexts each time, twice
-    the instructions of the whole fingerprint's hashing here (``tests/core/test_loops.py``
-    holds the two equal)."""
+    once. ``hmac.HMAC.copy`` and its digest copy OpenSSL's three HMAC contexts each time:
+    some 6k instructions a call more than this (``tests/core/test_loops.py`` holds the two
+    equal)."""
     key = hashlib.sha256(secret).digest() if len(secret) > _BLOCK else secret
     key = key.ljust(_BLOCK, b"\0")
     return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
