@@ -527,6 +527,29 @@ def test_an_error_mark_split_across_chunks_anywhere_is_found(body: bytes) -> Non
     assert not clean.marked
 
 
+def test_the_meters_stream_feeds_one_watch_and_ends_it_after_settling() -> None:
+    """The watch rides in the meter's stream (one generator); a second one, as a nested
+    transport's would be, is turned away (it wraps the stream instead) and the first kept."""
+    from tokenfuse._transport.stream import MeteredStream
+
+    class Meter:  # what MeteredStream asks of a meter: a feeder
+        def feeder(self) -> Any:
+            return seen.append
+
+    seen: list[bytes] = []
+    watched: list[bytes] = []
+    steps: list[str] = []
+    stream = MeteredStream(
+        iter([b"a", b"b"]),  # type: ignore[arg-type]
+        Meter(),  # type: ignore[arg-type]
+        lambda meter, complete: steps.append(f"settled {complete}"),
+    )
+    assert stream.attach(watched.append, lambda: steps.append("noted"))
+    assert not stream.attach(lambda chunk: None, lambda: steps.append("other"))
+    assert list(stream) == [b"a", b"b"]
+    assert seen == watched == [b"a", b"b"] and steps == ["settled True", "noted"]
+
+
 def test_an_error_mark_across_the_border_of_two_batches_is_found() -> None:
     """Chunks are searched a batch (``_BATCH`` bytes) at a time: a mark that ends in one batch
     and began in the previous one is found, wherever the border falls in it."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any
 
 from .._core.loops import LoopVerdict, parsed_body
@@ -276,11 +277,11 @@ class LoopStep:
             return
         feed = watch.feeder(_event_stream(response))
         stream = response.stream
-        if isinstance(stream, MeteredStream):  # the meter's: one generator for both
-            stream.attach(feed, lambda: self._note(watch, response))
-            return
+        done = partial(self._note, watch, response)
+        if isinstance(stream, MeteredStream) and stream.attach(feed, done):
+            return  # the meter's stream shows the watch its chunks: one generator for both
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
-            stream, feed, lambda: self._note(watch, response)
+            stream, feed, done
         )
 
     async def aafter(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
@@ -293,11 +294,11 @@ class LoopStep:
             return
         feed = watch.feeder(_event_stream(response))
         stream = response.stream
-        if isinstance(stream, AsyncMeteredStream):
-            stream.attach(feed, lambda: self._anote(watch, response))
+        done = partial(self._anote, watch, response)
+        if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done):
             return
         response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
-            stream, feed, lambda: self._anote(watch, response)
+            stream, feed, done
         )
 
     def _outcome(self, watch: LoopWatch, response: Any) -> tuple[bool, int, str] | None:

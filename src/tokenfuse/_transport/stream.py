@@ -66,10 +66,14 @@ class MeteredStream:
         self._meter = meter
         self._settle = settle
 
-    def attach(self, watch: Callable[[bytes], None], done: Callable[[], None]) -> None:
+    def attach(self, watch: Callable[[bytes], None], done: Callable[[], None]) -> bool:
         """Show every chunk to ``watch`` too, after the meter; call ``done`` when the stream
-        ends or is closed, after settling (an error leaves it to ``close``). Before reading."""
+        ends or is closed, after settling (an error leaves it to ``close``). Before reading.
+        False: the stream has a watch already (another transport's, nested), left as it is."""
+        if self._watch is not None:
+            return False
         self._watch, self._done = watch, done
+        return True
 
     def __iter__(self) -> Iterator[bytes]:
         feed, watch = self._meter.feeder(), self._watch
@@ -114,9 +118,12 @@ class AsyncMeteredStream:
         self._meter = meter
         self._settle = settle
 
-    def attach(self, watch: Callable[[bytes], None], done: Callable[[], Awaitable[None]]) -> None:
+    def attach(self, watch: Callable[[bytes], None], done: Callable[[], Awaitable[None]]) -> bool:
         """As ``MeteredStream.attach``, ``done`` awaited."""
+        if self._watch is not None:
+            return False
         self._watch, self._done = watch, done
+        return True
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         feed, watch = self._meter.feeder(), self._watch
