@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import random
 
 import pytest
 
@@ -224,6 +227,105 @@ def test_bad_and_huge_bodies_get_a_fingerprint_and_never_raise(body: bytes) -> N
 def test_bodies_past_the_parse_limit_are_hashed_as_bytes_with_their_length() -> None:
     big = b'{"a": "' + b"x" * loops.PARSE_LIMIT + b'"}'
     assert mark(big) != mark(big[:-2] + b'y"}')  # the bytes count
+
+
+def _copied_whole(body: object) -> object:
+    """The normalisation written plainly (every message and block copied), to hold the
+    fingerprint's (which copies only what holds an id) to it."""
+
+    def bare(part: object) -> object:
+        if not isinstance(part, dict):
+            return part
+        return {key: value for key, value in part.items() if key not in loops.ID_FIELDS}
+
+    def strip(item: object) -> object:
+        kept = bare(item)
+        if isinstance(kept, dict):
+            for name in ("content", "tool_calls"):
+                if isinstance(kept.get(name), list):
+                    kept[name] = [bare(part) for part in kept[name]]
+        return kept
+
+    if not isinstance(body, dict):
+        return body
+    kept = {key: value for key, value in body.items() if key not in loops.VOLATILE}
+    for name in ("messages", "input", "contents"):
+        if isinstance(kept.get(name), list):
+            kept[name] = [strip(item) for item in kept[name]]
+    return kept
+
+
+def _random_body(rng: random.Random) -> object:
+    ids = ["id", "tool_call_id", "call_id", "tool_use_id", "cache_control"]
+    fields = [*ids, "role", "content", "text", "name", "arguments", "type"]
+
+    def part() -> object:
+        if rng.random() < 0.15:
+            return rng.choice(["text", 3, None, ["x"]])
+        return {rng.choice(fields): rng.choice(["v", 1, {"id": "kept"}]) for _ in range(3)}
+
+    def item() -> object:
+        found = part()
+        if isinstance(found, dict) and rng.random() < 0.6:
+            found[rng.choice(["content", "tool_calls"])] = [part() for _ in range(3)]
+        return found
+
+    body: dict[str, object] = {"model": "m", rng.choice(["stream", "user", "x"]): True}
+    for name in rng.sample(["messages", "input", "contents", "tools"], 2):
+        body[name] = [item() for _ in range(rng.randint(0, 5))]
+    return body
+
+
+def test_the_fingerprint_normalises_as_copying_everything_would() -> None:
+    rng = random.Random(12)
+    for _ in range(2_000):
+        body = _random_body(rng)
+        before = json.dumps(body, sort_keys=True)
+        plain = json.dumps(_copied_whole(body), sort_keys=True, separators=(",", ":"))
+        assert loops._canonical(body) == plain.encode()
+        assert json.dumps(body, sort_keys=True) == before  # the parsed body is left as it was
+
+
+@pytest.mark.parametrize("size", [1, 32, 63, 64, 65, 200])
+def test_the_fingerprint_is_hmac_sha256_for_any_secret(size: int) -> None:
+    secret = bytes(range(256))[:size]
+    for body in (b"", json.dumps(CHAT).encode(), b"not json", b"x" * 70_000):
+        mac = hmac.new(secret, digestmod=hashlib.sha256)
+        mac.update(b"POST api.openai.com /v1/chat/completions\n")
+        if body:
+            canonical = loops._canonical(json.loads(body)) if body[:1] == b"{" else None
+            if canonical is not None:
+                mac.update(b"json\n" + canonical)
+            else:
+                mac.update(b"bytes %d\n" % len(body) + body)
+        expected = mac.hexdigest()[: loops.FINGERPRINT_LENGTH]
+        assert fingerprint(secret, "POST", "api.openai.com", "/v1/chat/completions", body) == (
+            expected
+        )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps(CHAT).encode(),
+        json.dumps({"text": "é ☃ 𝄞"}, ensure_ascii=False).encode(),
+        '{"text": "é"}'.encode("utf-16-le"),
+        '{"text": "é"}'.encode("utf-16"),
+        '{"text": "é"}'.encode("utf-32-le"),
+        '{"text": "é"}'.encode("utf-8-sig"),
+        b"{",
+        b"{\x00",
+        b'{"a": "\xff"}',
+        b'{"text": "\\ud800"}',
+        b" [1]",
+    ],
+)
+def test_a_body_parses_as_json_loads_parses_it(body: bytes) -> None:
+    try:
+        expected = (True, json.loads(body))
+    except ValueError:
+        expected = (False, None)
+    assert loops.parsed_body(body) == expected
 
 
 def test_clean_error_keeps_a_short_type_only() -> None:

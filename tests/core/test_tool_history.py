@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
 
-from tokenfuse._core.tool_history import ToolCall, looks_like_error, tool_calls, tool_loop
+from tokenfuse._core.tool_history import (
+    ToolCall,
+    failing_tail,
+    looks_like_error,
+    may_hold_results,
+    tool_calls,
+    tool_loop,
+)
 
 
 def chat(*turns: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
@@ -116,3 +124,79 @@ def test_calls_without_a_result_are_not_counted() -> None:
     )
     assert [call.failed for call in tool_calls(body)] == [True, True]
     assert tool_calls(body)[0] == ToolCall("search", '{"q":"x"}', True)
+
+
+# -- the transport's shortcut: the failing tail, and bodies with no result ----------------------
+
+
+def _random_history(rng: random.Random) -> dict[str, Any]:
+    """A history in one of the three shapes: calls among a few (so that loops happen), ids
+    reused now and then, results failing or not, some calls left without one."""
+    shape = rng.choice(("chat", "anthropic", "responses"))
+    calls = [("search", {"q": "x"}), ("book", {"id": 7}), ("search", {"q": "y"})]
+    results = [FAIL, '{"error": "boom"}', '{"ok": true}', "fine", "Traceback (most recent"]
+    items: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for n in range(rng.randint(0, 12)):
+        name, arguments = rng.choice(calls)
+        call = f"c{rng.randint(0, n)}" if rng.random() < 0.1 else f"c{n}"
+        result = rng.choice(results)
+        answered = rng.random() < 0.9
+        if shape == "chat":
+            function = {"name": name, "arguments": json.dumps(arguments)}
+            items.append({"role": "assistant", "tool_calls": [{"id": call, "function": function}]})
+            if answered:
+                items.append({"role": "tool", "tool_call_id": call, "content": result})
+        elif shape == "anthropic":
+            use = {"type": "tool_use", "id": call, "name": name, "input": arguments}
+            items.append({"role": "assistant", "content": [use]})
+            if answered:
+                block = {"type": "tool_result", "tool_use_id": call, "content": result}
+                if rng.random() < 0.3:
+                    block["is_error"] = True
+                items.append({"role": "user", "content": [block]})
+        else:
+            asked = {"type": "function_call", "call_id": call, "name": name}
+            items.append({**asked, "arguments": json.dumps(arguments)})
+            if answered:
+                items.append({"type": "function_call_output", "call_id": call, "output": result})
+    return {"model": "m", "input" if shape == "responses" else "messages": items}
+
+
+def test_the_failing_tail_finds_every_loop_the_whole_history_does() -> None:
+    """``failing_tail`` reads the history from its end only: over many random histories it
+    is the end of ``tool_calls``, and ``tool_loop`` finds the same loops in both."""
+    rng = random.Random(12)
+    loops_found = 0
+    for _ in range(3_000):
+        body = _random_history(rng)
+        raw = json.dumps(body).encode()
+        every = tool_calls(body)
+        tail = failing_tail(body, raw)
+        assert tail == every[len(every) - len(tail) :]
+        assert all(call.failed for call in tail)
+        assert len(tail) == len(every) or not every[len(every) - len(tail) - 1].failed
+        for repeats, alternations in ((2, 2), (3, 2), (4, 3)):
+            found = tool_loop(every, repeats, alternations)
+            assert tool_loop(tail, repeats, alternations) == found
+            loops_found += found is not None
+    assert loops_found > 300  # the histories do hold loops
+
+
+def test_a_body_naming_no_tool_result_is_not_read() -> None:
+    body = chat((*A, FAIL), (*A, FAIL), (*A, FAIL))
+    raw = json.dumps(body).encode()
+    assert may_hold_results(raw) and failing_tail(body, raw)
+    plain = {"model": "m", "messages": [{"role": "user", "content": "tool_use, no result"}]}
+    assert not may_hold_results(json.dumps(plain).encode())
+    # Told by its bytes that there is no result, the history is not read (a body whose
+    # bytes do not match it, as no real body does, shows that).
+    assert failing_tail(body, json.dumps(plain).encode()) == []
+
+
+def test_a_result_spelled_with_unicode_escapes_is_still_read() -> None:
+    body = chat((*A, FAIL), (*A, FAIL), (*A, FAIL))
+    raw = json.dumps(body).encode()
+    escaped = raw.replace(b'"tool_call_id"', b'"tool\\u005fcall_id"')
+    assert json.loads(escaped) == body and escaped.find(b"tool_call_id") < 0
+    assert may_hold_results(escaped)
+    assert tool_loop(failing_tail(json.loads(escaped), escaped), 3, 2) is not None

@@ -527,6 +527,58 @@ def test_an_error_mark_split_across_chunks_anywhere_is_found(body: bytes) -> Non
     assert not clean.marked
 
 
+def test_the_meters_stream_feeds_one_watch_and_ends_it_after_settling() -> None:
+    """The watch rides in the meter's stream (one generator); a second one, as a nested
+    transport's would be, is turned away (it wraps the stream instead) and the first kept."""
+    from types import SimpleNamespace
+
+    from tokenfuse._transport.stream import MeteredStream
+
+    class Meter:  # what MeteredStream asks of a meter: where to collect the chunks
+        report = SimpleNamespace(done=False)  # settled only at the end
+
+        def collector(self) -> Any:
+            return seen, lambda: None
+
+    seen: list[bytes] = []
+    watched: list[bytes] = []
+    steps: list[str] = []
+    stream = MeteredStream(
+        iter([b"a", b"b"]),  # type: ignore[arg-type]
+        Meter(),  # type: ignore[arg-type]
+        lambda meter, complete: steps.append(f"settled {complete}"),
+    )
+    assert stream.attach(watched.append, lambda: steps.append("noted"))
+    assert not stream.attach(lambda chunk: None, lambda: steps.append("other"))
+    assert list(stream) == [b"a", b"b"]
+    assert seen == watched == [b"a", b"b"] and steps == ["settled True", "noted"]
+
+
+def test_an_error_mark_across_the_border_of_two_batches_is_found() -> None:
+    """Chunks are searched a batch (``_BATCH`` bytes) at a time: a mark that ends in one batch
+    and began in the previous one is found, wherever the border falls in it."""
+    from tokenfuse._loops import CallName
+    from tokenfuse._transport import loop_step
+    from tokenfuse._transport.loop_step import LoopWatch
+
+    for event, mark in (
+        (b"event: error\ndata: {}\n\n", b"event: error"),
+        (b'data: {"type":"response.failed"}\n\n', b'"type":"response.failed"'),
+        (b'data: {"error": {"message": "boom"}}\n\n', b'data: {"error"'),
+    ):
+        at = event.index(mark)
+        for inside in range(1, len(mark)):  # this many bytes of the mark in the first batch
+            filler = b"x" * (loop_step._BATCH - at - inside)
+            watch = LoopWatch(Identity.named("a"), CallName("0" * 16, "POST", "/"), False)
+            for chunk in (filler, event[: at + inside], event[at + inside :]):
+                watch.find(chunk)
+            assert watch.marked, (mark, inside)
+    clean = LoopWatch(Identity.named("a"), CallName("0" * 16, "POST", "/"), False)
+    for _ in range(3 * loop_step._BATCH // 40):
+        clean.find(b'data: {"delta": "an error-free chunk"}\n\n')
+    assert not clean.marked
+
+
 @pytest.mark.parametrize("lib", [httpx, httpx2], ids=["httpx", "httpx2"])
 async def test_async_streams_are_watched_too(fuse: Fuse, lib: Any) -> None:
     body = b'data: {"choices":[]}\n\ndata: {"error": {"type": "server_error"}}\n\n'

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import json
 import math
 import re
@@ -120,20 +119,29 @@ _FAILURE, _REPEAT = 1, 2
 # -- fingerprints -------------------------------------------------------------------------------
 
 
+def _without_ids(part: Any) -> Any:
+    """A dict without its ``ID_FIELDS`` (the dict itself when it has none: nothing to copy)."""
+    if not isinstance(part, dict) or ID_FIELDS.isdisjoint(part):
+        return part
+    return {key: value for key, value in part.items() if key not in ID_FIELDS}
+
+
 def _strip(item: Any) -> Any:
-    """A message or item without its ids, nor those of its content blocks and tool calls."""
-    if not isinstance(item, dict):
-        return item
-    kept = {key: value for key, value in item.items() if key not in ID_FIELDS}
+    """A message or item without its ids, nor those of its content blocks and tool calls.
+
+    Only what holds an id is copied: most messages and blocks have none, and are kept as
+    they are (the canonical JSON of a dict and of its copy is the same)."""
+    kept = _without_ids(item)
+    if not isinstance(kept, dict):
+        return kept
     for name in _NESTED_LISTS:
         nested = kept.get(name)
-        if isinstance(nested, list):
-            kept[name] = [
-                {k: v for k, v in part.items() if k not in ID_FIELDS}
-                if isinstance(part, dict)
-                else part
-                for part in nested
-            ]
+        if isinstance(nested, list) and nested:
+            stripped = [_without_ids(part) for part in nested]
+            if stripped != nested:  # a part lost its ids (the same parts: one C comparison)
+                if kept is item:
+                    kept = dict(item)
+                kept[name] = stripped
     return kept
 
 
@@ -149,32 +157,58 @@ def normalised(body: Any) -> Any:
     return kept
 
 
+def _decoded(body: bytes) -> bytes | str:
+    """The body as ``json.loads`` reads it: an object's opening brace followed by no NUL is
+    UTF-8 to its detection (UTF-16 and UTF-32 put NULs beside ASCII characters), decoded here
+    as it would be, without its detection's Python-level steps; anything else as it is."""
+    if body[:1] == b"{" and body[1:2] != b"\0":
+        return body.decode("utf-8", "surrogatepass")
+    return body
+
+
 def parsed_body(body: bytes | None) -> tuple[bool, Any]:
     """``(True, value)`` for a JSON body within ``PARSE_LIMIT``, else ``(False, None)``: the
     one parse that the fingerprint and the tool-history check share. Never raises."""
     if not body or len(body) > PARSE_LIMIT:
         return False, None
     try:
-        return True, json.loads(body)
+        return True, json.loads(_decoded(body))
     except (ValueError, TypeError, RecursionError):
         return False, None
+
+
+#: Canonical JSON: keys sorted, no spaces, text as it is. Made once (``json.dumps`` would make
+#: an encoder per call); no check for cycles, as a parsed body has none.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
+)
 
 
 def _canonical(parsed: Any) -> bytes | None:
     """The normalised body as canonical JSON, or None when it cannot be written back."""
     try:
-        text = json.dumps(
-            normalised(parsed), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
+        text = _CANONICAL.encode(normalised(parsed))
     except (ValueError, TypeError, RecursionError):
         return None
     return text.encode("utf-8", "surrogatepass")
 
 
+#: HMAC's paddings (RFC 2104), as ``bytes.translate`` tables, and SHA-256's block size.
+_IPAD = bytes(byte ^ 0x36 for byte in range(256))
+_OPAD = bytes(byte ^ 0x5C for byte in range(256))
+_BLOCK = 64
+
+
 @functools.lru_cache(maxsize=16)
-def _keyed(secret: bytes) -> hmac.HMAC:
-    """An HMAC keyed with ``secret``, to copy: the key's setup is paid once, not per call."""
-    return hmac.new(secret, digestmod=hashlib.sha256)
+def _keyed(secret: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
+    """HMAC-SHA256 keyed with ``secret``, as the inner and outer SHA-256 states after their
+    padded keys (RFC 2104, as ``hmac`` builds it): copied per call, the key's setup is paid
+    once. ``hmac.HMAC.copy`` and its digest copy OpenSSL's three HMAC contexts each time:
+    some 6k instructions a call more than this (``tests/core/test_loops.py`` holds the two
+    equal)."""
+    key = hashlib.sha256(secret).digest() if len(secret) > _BLOCK else secret
+    key = key.ljust(_BLOCK, b"\0")
+    return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
 
 
 def fingerprint(
@@ -188,7 +222,8 @@ def fingerprint(
     """The call's fingerprint: 16 hex characters, keyed with ``secret``. Never raises.
 
     ``parsed`` is ``parsed_body(body)`` when the caller has it already."""
-    mac = _keyed(secret).copy()
+    inner, outer = _keyed(secret)
+    mac = inner.copy()
     mac.update(f"{method.upper()} {host.lower()} {path}\n".encode("utf-8", "surrogatepass"))
     if body:
         is_json, value = parsed if parsed is not None else parsed_body(body)
@@ -199,7 +234,9 @@ def fingerprint(
         else:
             mac.update(b"bytes %d\n" % len(body))
             mac.update(body[:HASH_LIMIT])
-    return mac.hexdigest()[:FINGERPRINT_LENGTH]
+    keyed = outer.copy()
+    keyed.update(mac.digest())
+    return keyed.hexdigest()[:FINGERPRINT_LENGTH]
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]+")

@@ -11,6 +11,10 @@ responses ``input`` with ``function_call`` and ``function_call_output`` items, A
 ``messages`` with ``tool_use`` and ``tool_result`` blocks); ``tool_loop`` looks at the end of
 that history: only a loop still going on counts (one the agent got out of is history).
 
+As every request carries the whole history, the transport reads only what ``tool_loop``
+looks at: ``may_hold_results`` skips a body with no tool result at all (a byte search), and
+``failing_tail`` reads the calls from the end, up to the last one that did not fail.
+
 A result is an error when it says so (Anthropic's ``is_error``; a JSON result with a truthy
 ``error``, ``is_error``/``isError``, or ``status`` "error"/"failed") or looks like one (its
 text starts with "error", "exception", "traceback", "failed", ... or holds a Python
@@ -24,7 +28,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ToolCall", "ToolLoop", "looks_like_error", "tool_calls", "tool_loop"]
+__all__ = [
+    "ToolCall",
+    "ToolLoop",
+    "failing_tail",
+    "looks_like_error",
+    "may_hold_results",
+    "tool_calls",
+    "tool_loop",
+]
 
 #: How much of a result's text is looked at to decide whether it is an error.
 _HEAD = 400
@@ -121,40 +133,88 @@ def _name(value: Any) -> str:
     return _TOOL_NAME.sub("_", value)[:64] if isinstance(value, str) else "?"
 
 
+#: A result's call id -> (its ``is_error`` flag, its content): read only when it counts.
+_Results = dict[str, tuple[bool, Any]]
+#: A call id -> (name, arguments) as asked, made canonical only when the call counts.
+_Asked = dict[str, tuple[Any, Any]]
+
+
+def may_hold_results(body: bytes) -> bool:
+    """Whether a raw request body may hold a tool result (False: ``tool_calls`` of it is
+    empty for sure). A few C-level searches: most requests skip reading their history.
+
+    Every result names its call with a key or a type written in the body: ``tool_call_id``
+    (OpenAI chat), ``function_call_output`` (OpenAI responses), ``tool_result`` (Anthropic),
+    unless JSON spelled it with ``\\u`` escapes (allowed, if never seen): such a body is read."""
+    return (
+        body.find(b"tool_call_id") >= 0  # find: `in` would first format (and drop) a TypeError
+        or body.find(b"function_call_output") >= 0
+        or body.find(b"tool_result") >= 0
+        or body.find(b"\\u") >= 0
+    )
+
+
 def tool_calls(body: Any) -> list[ToolCall]:
     """The tool calls of a request's history that have a result, in the order asked."""
-    if not isinstance(body, dict):
+    asked, order, results = _history(_items(body))
+    return [_call(asked, results, call) for call in order if call in results]
+
+
+def failing_tail(body: Any, raw: bytes | None = None) -> list[ToolCall]:
+    """The failing calls at the end of ``tool_calls(body)`` (all that ``tool_loop`` looks at),
+    reading no call before them: a long history costs one pass over its items, and only its
+    tail's arguments are made canonical and its results read. ``raw``: the body's bytes, to
+    skip a history that holds no result at all (``may_hold_results``)."""
+    items = _items(body)
+    if not items or (raw is not None and not may_hold_results(raw)):
         return []
-    asked: dict[str, tuple[str, str]] = {}  # call id -> (name, arguments)
-    order: list[str] = []
-    failed: dict[str, bool] = {}
+    asked, order, results = _history(items)
+    tail: list[ToolCall] = []
+    for call in reversed(order):
+        if call not in results:
+            continue
+        found = _call(asked, results, call)
+        if not found.failed:
+            break
+        tail.append(found)
+    tail.reverse()
+    return tail
+
+
+def _call(asked: _Asked, results: _Results, call: str) -> ToolCall:
+    name, arguments = asked[call]
+    is_error, content = results[call]
+    return ToolCall(_name(name), _canonical(arguments), is_error or looks_like_error(content))
+
+
+def _items(body: Any) -> list[Any] | None:
+    """The history: a chat's ``messages``, or a response's ``input`` items."""
+    if not isinstance(body, dict):
+        return None
     items = body.get("messages")
     if not isinstance(items, list):
         items = body.get("input")
-    if not isinstance(items, list):
-        return []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        _read_item(item, asked, order, failed)
-    return [
-        ToolCall(asked[call][0], asked[call][1], failed[call]) for call in order if call in failed
-    ]
+    return items if isinstance(items, list) else None
 
 
-def _ask(asked: dict[str, tuple[str, str]], order: list[str], call: Any, name: Any,
-         arguments: Any) -> None:  # fmt: skip
+def _history(items: list[Any] | None) -> tuple[_Asked, list[str], _Results]:
+    """The calls asked (in order) and the results given, as found in the items (unread)."""
+    asked: _Asked = {}
+    order: list[str] = []
+    results: _Results = {}
+    for item in items or ():
+        if isinstance(item, dict):
+            _read_item(item, asked, order, results)
+    return asked, order, results
+
+
+def _ask(asked: _Asked, order: list[str], call: Any, name: Any, arguments: Any) -> None:
     if isinstance(call, str) and call not in asked:
-        asked[call] = (_name(name), _canonical(arguments))
+        asked[call] = (name, arguments)
         order.append(call)
 
 
-def _read_item(
-    item: dict[str, Any],
-    asked: dict[str, tuple[str, str]],
-    order: list[str],
-    failed: dict[str, bool],
-) -> None:
+def _read_item(item: dict[str, Any], asked: _Asked, order: list[str], results: _Results) -> None:
     kind = item.get("type")
     if kind == "function_call":  # OpenAI responses
         _ask(asked, order, item.get("call_id"), item.get("name"), item.get("arguments"))
@@ -162,7 +222,7 @@ def _read_item(
     if kind == "function_call_output":
         call = item.get("call_id")
         if isinstance(call, str):
-            failed[call] = looks_like_error(item.get("output"))
+            results[call] = (False, item.get("output"))
         return
     role = item.get("role")
     if role == "assistant":
@@ -176,7 +236,7 @@ def _read_item(
     if role == "tool":
         call = item.get("tool_call_id")
         if isinstance(call, str):
-            failed[call] = looks_like_error(item.get("content"))
+            results[call] = (False, item.get("content"))
         return
     content = item.get("content")
     if not isinstance(content, list):
@@ -189,9 +249,7 @@ def _read_item(
         elif block.get("type") == "tool_result":
             call = block.get("tool_use_id")
             if isinstance(call, str):
-                failed[call] = block.get("is_error") is True or looks_like_error(
-                    block.get("content")
-                )
+                results[call] = (block.get("is_error") is True, block.get("content"))
 
 
 def tool_loop(calls: list[ToolCall], repeats: int, alternations: int) -> ToolLoop | None:

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any
 
 from .._core.loops import LoopVerdict, parsed_body
-from .._core.tool_history import tool_calls, tool_loop
+from .._core.tool_history import failing_tail, tool_loop
 from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
@@ -46,7 +47,7 @@ from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, LoopNo
 from .compat import Flavor
 from .recorder import Recorder
 from .refusal import Gatekeeper
-from .stream import _of_library
+from .stream import AsyncMeteredStream, MeteredStream, _of_library
 from .usage_option import sent_body
 
 __all__ = ["LoopStep", "LoopWatch", "failure_of"]
@@ -66,18 +67,12 @@ _STREAM_ERRORS = (
     b'data: {"error"',
     b'data:{"error"',
 )
-_CARRY = max(len(mark) for mark in _STREAM_ERRORS)
-#: Every mark holds one of these words: a chunk without one (and not ending with the start of
-#: one) is passed over with two searches.
-_WORDS = (b"error", b"failed")
-#: The last bytes of a chunk when the next one may finish a word it began.
-_WORD_BYTES = frozenset(byte for word in _WORDS for byte in word[:-1])
-
-
-def _split_word(previous: bytes, chunk: bytes) -> bool:
-    """Whether a word of ``_WORDS`` runs across the border of two chunks."""
-    border = previous[-5:] + chunk[:5]
-    return any(word in border for word in _WORDS)
+#: A mark found in a batch of chunks may have begun in the last bytes of the previous one.
+_CARRY = max(len(mark) for mark in _STREAM_ERRORS) - 1
+#: An event stream's chunks are searched for the marks a batch at a time, once this many bytes
+#: have come: a stream has thousands of chunks of a few dozen bytes, and a search costs some
+#: 1.4k instructions however short the chunk, an append a tenth of that.
+_BATCH = 8 * 1024
 
 
 def failure_of(status: int, body: bytes, event_stream: bool) -> tuple[bool, str]:
@@ -85,9 +80,9 @@ def failure_of(status: int, body: bytes, event_stream: bool) -> tuple[bool, str]
     if status in _NOT_FAILURES:
         return False, ""
     if event_stream:
-        failed = status >= 400 or any(mark in body for mark in _STREAM_ERRORS)
+        failed = status >= 400 or any(body.find(mark) >= 0 for mark in _STREAM_ERRORS)
         return failed, "stream_error" if failed and status < 400 else ""
-    error = _error_object(body) if status >= 400 or b'"error"' in body else None
+    error = _error_object(body) if status >= 400 or body.find(b'"error"') >= 0 else None
     if status >= 400:
         return True, _error_type(error)
     if error is not None:
@@ -135,17 +130,17 @@ class LoopWatch:
     (``judged``: not for an SDK's retry); ``response`` and ``whole`` once it is seen."""
 
     __slots__ = (
+        "_batch",
+        "_batched",
+        "_carry",
         "_kept",
+        "_marked",
         "_parts",
         "call",
-        "carry",
         "done",
         "identity",
         "judged",
-        "keep_head",
-        "marked",
         "needs_success",
-        "pending",
         "response",
         "send",
         "whole",
@@ -159,12 +154,12 @@ class LoopWatch:
         self.judged = True
         self.response: Any = None
         self.whole = False  # the body was read before the response came back, and fed
-        self.keep_head = True  # an event stream's errors are its marks, not a JSON head
         self._parts: list[bytes] = []
         self._kept = 0
-        self.carry = b""
-        self.pending = False
-        self.marked = False
+        self._batch: list[bytes] = []
+        self._batched = 0
+        self._carry = b""
+        self._marked = False
         self.done = False
 
     @property
@@ -172,32 +167,50 @@ class LoopWatch:
         """The start of the body (at most ``_HEAD`` bytes), for an error object."""
         return b"".join(self._parts)
 
-    def feed(self, chunk: bytes) -> None:
-        """Look at a chunk of the body: keep its start, find error marks in a stream.
+    @property
+    def marked(self) -> bool:
+        """Whether the body fed so far holds an error mark (``_STREAM_ERRORS``)."""
+        if self._batch:
+            self._search()
+        return self._marked
 
-        Cheap per chunk, as a stream has thousands: the start is kept as a list of slices
-        (joined once, at the end), and the marks are looked for only where an ``error`` is
-        (within the chunk, or across its border with the previous one).
-        """
-        if self.keep_head and self._kept < _HEAD:
+    def feeder(self, event_stream: bool) -> Callable[[bytes], None]:
+        """What a streamed body's chunks are shown to: an event stream's errors are its marks
+        (``find``), any other body's its head (``keep``): each chunk pays for one of them."""
+        return self.find if event_stream else self.keep
+
+    def feed(self, chunk: bytes) -> None:
+        """Look at a body read at once (or a chunk of it): keep its start, find its marks."""
+        self.keep(chunk)
+        self.find(chunk)
+
+    def keep(self, chunk: bytes) -> None:
+        """Keep the start of the body: a list of slices, joined once, at the end."""
+        if self._kept < _HEAD:
             part = chunk[: _HEAD - self._kept]
             self._parts.append(part)
             self._kept += len(part)
-        if self.marked:
+
+    def find(self, chunk: bytes) -> None:
+        """Look for error marks, a batch of chunks (``_BATCH`` bytes) at a time: a chunk is
+        only put aside (``marked`` searches what is left)."""
+        self._batch.append(chunk)
+        self._batched += len(chunk)
+        if self._batched >= _BATCH:
+            self._search()
+
+    def _search(self) -> None:
+        # The window holds every mark that ends in this batch: the last _CARRY bytes before
+        # it, and it. A window without "error" nor "failed" (in every mark) holds none.
+        # Bytes are searched with ``find``, never ``in``: CPython first tries an ``in``
+        # operand as an integer, and formats the TypeError it then drops.
+        window = self._carry + b"".join(self._batch)
+        self._batch.clear()
+        self._batched = 0
+        self._carry = window[-_CARRY:]
+        if self._marked or (window.find(b"error") < 0 and window.find(b"failed") < 0):
             return
-        # ``carry`` ends with the last _CARRY bytes seen (a long chunk is kept as it is, not
-        # copied): a mark ending in this chunk lies within ``carry + chunk``. Every mark holds
-        # a word of _WORDS, found in the chunk, across its border, or (``pending``) in the
-        # carried bytes, where a mark may have begun.
-        carry = self.carry
-        hit = b"error" in chunk or b"failed" in chunk
-        split = bool(carry) and carry[-1] in _WORD_BYTES and _split_word(carry, chunk)
-        if hit or split or self.pending:
-            window = carry + chunk
-            self.marked = any(mark in window for mark in _STREAM_ERRORS)
-            end = window[-_CARRY:]
-            self.pending = b"error" in end or b"failed" in end
-        self.carry = chunk if len(chunk) >= _CARRY else (carry + chunk)[-_CARRY:]
+        self._marked = any(window.find(mark) >= 0 for mark in _STREAM_ERRORS)
 
 
 def _watch(
@@ -256,7 +269,8 @@ class LoopStep:
         if policy is None or breaker is None:
             return
         try:
-            loop = tool_loop(tool_calls(parsed), policy.tool_failures, policy.tool_alternations)
+            tail = failing_tail(parsed, sent_body(request))  # the end: all that makes a loop
+            loop = tool_loop(tail, policy.tool_failures, policy.tool_alternations)
         except Exception as exc:  # a body of a shape no one foresaw must not break the call
             logger.debug("tokenfuse: reading the tool calls failed: %r", exc)
             return
@@ -294,9 +308,9 @@ class LoopStep:
 
     def after(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
         """Watch the response: a body already read is seen at once (its note is ``take``n
-        by the settle that follows); a stream as it passes, noted when it ends or closes
-        (unless the settle took the note first: the transport's metered stream, inside this
-        one, settles as it ends)."""
+        by the settle that follows); a stream as it passes, fed by the transport's metered
+        stream (``attach``: one generator for both), whose settle at the end or on close
+        takes the note; any other stream is wrapped, and noted when it ends or closes."""
         if watch is None:
             return
         watch.response = response
@@ -305,9 +319,13 @@ class LoopStep:
             watch.feed(body)
             watch.whole = True
             return
-        watch.keep_head = not _event_stream(response)
+        feed = watch.feeder(_event_stream(response))
+        stream = response.stream
+        done = partial(self._note, watch)
+        if isinstance(stream, MeteredStream) and stream.attach(feed, done):
+            return  # the meter's stream shows the watch its chunks: one generator for both
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
-            response.stream, watch, lambda: self._note(watch)
+            stream, feed, done
         )
 
     async def aafter(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
@@ -319,16 +337,21 @@ class LoopStep:
             watch.feed(body)
             watch.whole = True
             return
-        watch.keep_head = not _event_stream(response)
+        feed = watch.feeder(_event_stream(response))
+        stream = response.stream
+        done = partial(self._anote, watch)
+        if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done):
+            return
         response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
-            response.stream, watch, lambda: self._anote(watch)
+            stream, feed, done
         )
 
     def take(self, watch: LoopWatch | None, ended: bool) -> LoopNote | None:
         """The call's note, for the transport's settle to send with the call's record, once
         the whole body was seen: read before it came back, or ``ended`` (the settle comes at
-        the end of the stream, which this step's stream wraps). None: nothing to note, or
-        not yet (a stream the settle does not wait for is noted when it ends)."""
+        the end of the stream, once the watch has seen every chunk: the metered stream feeds
+        it before settling). None: nothing to note, or not yet (a stream the settle does not
+        wait for is noted when it ends)."""
         if watch is None or not (ended or watch.whole) or watch.response is None:
             return None
         return self._later(watch)
@@ -409,15 +432,17 @@ class LoopStep:
 
 
 class LoopStream:
-    """Sync mixin: pass the body on, show it to the watch, note the call at the end."""
+    """Sync mixin: pass the body on, show it to the watch, note the call at the end. Only for
+    a body the meter does not read (no usage reader for it): else the meter's stream shows
+    the watch its chunks (``MeteredStream.attach``)."""
 
-    def __init__(self, inner: Any, watch: LoopWatch, done: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, feed: Callable[[bytes], None], done: Callable[[], None]):
         self._inner = inner
-        self._watch = watch
+        self._feed = feed
         self._done = done
 
     def __iter__(self) -> Iterator[bytes]:
-        feed = self._watch.feed
+        feed = self._feed
         for chunk in self._inner:
             feed(chunk)
             yield chunk
@@ -433,13 +458,15 @@ class LoopStream:
 class AsyncLoopStream:
     """Async mixin: the same as ``LoopStream``."""
 
-    def __init__(self, inner: Any, watch: LoopWatch, done: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, inner: Any, feed: Callable[[bytes], None], done: Callable[[], Awaitable[None]]
+    ) -> None:
         self._inner = inner
-        self._watch = watch
+        self._feed = feed
         self._done = done
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        feed = self._watch.feed
+        feed = self._feed
         async for chunk in self._inner:
             feed(chunk)
             yield chunk

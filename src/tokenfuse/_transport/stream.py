@@ -53,29 +53,66 @@ class _AsyncInnerStream(AsyncIterable[bytes], Protocol):
     async def aclose(self) -> None: ...
 
 
+def _ignore(chunk: bytes) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
+
+
+def _keeper(
+    collector: tuple[list[bytes], Callable[[], None]] | None,
+) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+    """The usage reader's batch to keep each chunk in and its flush (``Meter.collector``);
+    nothing to do when there is no reader, and only a watch looks at the chunks."""
+    if collector is None:
+        return _ignore, _nothing
+    batch, flush = collector
+    return batch.append, flush
+
+
 class MeteredStream:
-    """Sync mixin: iterate the inner stream, feed the meter, settle at the end or on close."""
+    """Sync mixin: iterate the inner stream, feed the meter, settle at the end or on close.
+
+    Another step can ``attach`` its own look at the chunks (the failure-loop watch): it is
+    fed in the same loop and ended after the settling, so a stream pays for one generator
+    however many steps watch it (a generator layer per step cost more than the steps)."""
+
+    _watch: Callable[[bytes], None] | None = None
+    _done: Callable[[], None] | None = None
 
     def __init__(self, inner: _InnerStream, meter: Meter, settle: Settle) -> None:
         self._inner = inner
         self._meter = meter
         self._settle = settle
 
+    def attach(self, watch: Callable[[bytes], None], done: Callable[[], None]) -> bool:
+        """Show every chunk to ``watch`` too, after the meter; call ``done`` when the stream
+        ends or is closed, after settling (an error leaves it to ``close``). Before reading.
+        False: the stream has a watch already (another transport's, nested), left as it is."""
+        if self._watch is not None:
+            return False
+        self._watch, self._done = watch, done
+        return True
+
     def __iter__(self) -> Iterator[bytes]:
-        collector = self._meter.collector()
+        collector, watch = self._meter.collector(), self._watch
         try:
-            if collector is None:  # nothing to read
+            if collector is None and watch is None:  # nothing to read, no one watching
                 for chunk in self._inner:
                     yield chunk
             else:
-                batch, flush = collector
-                keep, held = batch.append, 0
+                keep, flush = _keeper(collector)
+                held = 0
                 for chunk in self._inner:
                     keep(chunk)
                     held += len(chunk)
                     if held >= BATCH:
                         flush()
                         held = 0
+                    if watch is not None:
+                        watch(chunk)
                     yield chunk
         except GeneratorExit:
             raise  # the consumer stopped early; close() settles what was seen
@@ -83,51 +120,75 @@ class MeteredStream:
             self._settle(self._meter, False)
             raise
         self._settle(self._meter, True)
+        if self._done is not None:
+            self._done()
 
     def close(self) -> None:
         try:
             self._inner.close()
         finally:
-            if not self._meter.report.done:  # else settled at the end of the stream
-                self._settle(self._meter, False)
+            try:
+                if not self._meter.report.done:  # else settled at the end of the stream
+                    self._settle(self._meter, False)
+            finally:
+                if self._done is not None:
+                    self._done()
 
 
 class AsyncMeteredStream:
     """Async mixin: the same as ``MeteredStream`` with ``async for`` and ``aclose``."""
+
+    _watch: Callable[[bytes], None] | None = None
+    _done: Callable[[], Awaitable[None]] | None = None
 
     def __init__(self, inner: _AsyncInnerStream, meter: Meter, settle: ASettle) -> None:
         self._inner = inner
         self._meter = meter
         self._settle = settle
 
+    def attach(self, watch: Callable[[bytes], None], done: Callable[[], Awaitable[None]]) -> bool:
+        """As ``MeteredStream.attach``, ``done`` awaited."""
+        if self._watch is not None:
+            return False
+        self._watch, self._done = watch, done
+        return True
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        collector = self._meter.collector()
+        collector, watch = self._meter.collector(), self._watch
         try:
-            if collector is None:  # nothing to read
+            if collector is None and watch is None:  # nothing to read, no one watching
                 async for chunk in self._inner:
                     yield chunk
             else:
-                batch, flush = collector
-                keep, held = batch.append, 0
+                keep, flush = _keeper(collector)
+                held = 0
                 async for chunk in self._inner:
                     keep(chunk)
                     held += len(chunk)
                     if held >= BATCH:
                         flush()
                         held = 0
+                    if watch is not None:
+                        watch(chunk)
                     yield chunk
         except Exception:
             await self._settle(self._meter, False)
             raise
         # GeneratorExit and cancellation: aclose() settles, outside the dying generator.
         await self._settle(self._meter, True)
+        if self._done is not None:
+            await self._done()
 
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()
         finally:
-            if not self._meter.report.done:  # else settled at the end of the stream
-                await self._settle(self._meter, False)
+            try:
+                if not self._meter.report.done:  # else settled at the end of the stream
+                    await self._settle(self._meter, False)
+            finally:
+                if self._done is not None:
+                    await self._done()
 
 
 def read_head(stream: _InnerStream, limit: int) -> tuple[bytes, Iterator[bytes]]:

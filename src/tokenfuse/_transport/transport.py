@@ -248,7 +248,7 @@ class FuseTransport(_SyncBase):
         meter = self._metering.start(sent, response, identity, gate)
         # The failure-loop watch (loop_step) sees the body before the settle, which takes
         # the call's note to send with its record: at once for a read body, else at the end
-        # of the stream (the loop step's stream wraps the metered one, which settles first).
+        # of the stream (the metered stream feeds the watch each chunk, then settles).
         if meter.streaming:
             response.stream = sync_stream_type(flavor)(response.stream, meter, settle)
             self._loops.after(watch, response, flavor)
