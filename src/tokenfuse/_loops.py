@@ -220,12 +220,15 @@ class LoopCheck:
     steps: the transport's gate (``Fuse.gate_with``), the middleware's admission
     (``Fuse.admit_with``). Made by ``LoopBreaker.prepare``, decided by ``concluded``."""
 
-    __slots__ = ("call", "op", "started")
+    __slots__ = ("body", "call", "op", "started")
 
     def __init__(self, call: CallName, op: CheckLoops, started: float) -> None:
         self.call = call
         self.op = op
         self.started = started  # for the decision's duration metric (0: nobody watches)
+        #: The request body as parsed for the fingerprint (None: not JSON, or not parsed),
+        #: for the call's other steps that read it (the run budgets' estimate): one parse.
+        self.body: Any = None
 
 
 class LoopNote:

@@ -395,3 +395,39 @@ def test_a_call_that_reserved_nothing_still_counts_the_usage_it_reports(fuse: Fu
         # reserved; the reply reports usage all the same, and that counts.
         client.post("https://api.openai.com/v1/chat/completions", json={"messages": MESSAGES})
         assert budget.spent.tokens == OPENAI_CALL
+
+
+def test_the_estimate_reads_the_body_the_loop_step_parsed_and_parses_it_once(
+    fuse: Fuse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the failure-loop breaker on, the run's estimate takes the body as the loop step
+    parsed it for the fingerprint (no second parse); without it, the step parses it itself.
+    Both reserve the same."""
+    from tokenfuse._transport import budget_step
+
+    parses: list[bytes | None] = []
+    own_parse = budget_step._json_object
+
+    def counted(body: bytes | None) -> dict[str, Any]:
+        parses.append(body)
+        return own_parse(body)
+
+    monkeypatch.setattr(budget_step, "_json_object", counted)
+    reserved: list[float] = []
+
+    def reply(request: Any) -> Any:
+        state = budget.read()
+        assert state is not None
+        reserved.append(state.reserved_tokens)
+        return httpx2.Response(200, json={"usage": {"total_tokens": 1}})
+
+    body = {"model": "gpt-4o-mini", "max_tokens": 500, "messages": MESSAGES}
+    for breaker in (True, False):
+        options: dict[str, Any] = {} if breaker else {"failure_loops": None}
+        transport = FuseTransport(httpx2.MockTransport(reply), fuse=fuse, **options)
+        client = httpx2.Client(transport=transport)
+        with client, run(f"run-one-parse-{breaker}", tokens=10_000, fuse=fuse) as budget:
+            client.post("https://api.openai.com/v1/chat/completions", json=body)
+        assert len(parses) == (0 if breaker else 1)
+
+    assert reserved[0] == reserved[1] > 500

@@ -53,9 +53,9 @@ class _Call:
 
     __slots__ = ("input", "model", "output", "tokens")
 
-    def __init__(self, request: Any, call_estimate: float) -> None:
+    def __init__(self, request: Any, call_estimate: float, parsed_body: Any = None) -> None:
         body = sent_body(request)
-        parsed = _json_object(body)
+        parsed = parsed_body if isinstance(parsed_body, dict) else _json_object(body)
         model = parsed.get("model")
         if not isinstance(model, str):
             found = _MODEL_IN_PATH.search(str(request.url.path))
@@ -117,13 +117,13 @@ class BudgetStep:
         self.fuse = fuse
         self.shadow = shadow  # refusals are logged, never raised (``FuseTransport(shadow=)``)
 
-    def _hold(self, request: Any) -> Hold | None:
+    def _hold(self, request: Any, body: Any) -> Hold | None:
         runs = bound_runs()
         if not runs:
             return None
         innermost: Bound = runs[-1]
         request.headers[RUN_HEADER] = innermost.run_id
-        call = _Call(request, innermost.call_estimate)
+        call = _Call(request, innermost.call_estimate, body)
         priced = any(_may_limit_usd(run) for run in runs)
         usd = 0.0
         if priced and call.tokens:
@@ -134,7 +134,7 @@ class BudgetStep:
         return hold
 
     def gate_and_reserve(
-        self, identity: Identity, request: Any, also: Sequence[Op[Any]] = ()
+        self, identity: Identity, request: Any, also: Sequence[Op[Any]] = (), body: Any = None
     ) -> tuple[Decision, Hold | None, list[Any] | None]:
         """The velocity gate, the call's reservations on every bound run and ``also`` (the
         failure-loop check), in one round trip to the transport's store (``Fuse.gate_with``);
@@ -142,8 +142,9 @@ class BudgetStep:
         when a run cannot afford the call; a gate that refuses wins (its refusal is the
         transport's to raise), and then nothing stays reserved. Returns the gate's decision,
         the hold, and the results of ``also`` (None when the store was not asked or failed:
-        the gate's decision has counted that)."""
-        hold = self._hold(request)
+        the gate's decision has counted that). ``body``: the request body as the loop step
+        parsed it (``LoopCheck.body``), so that the estimate does not parse it again."""
+        hold = self._hold(request, body)
         if hold is None or not hold.tokens:
             decision, found = self.fuse.gate_with(identity, also)
             return decision, hold, found
@@ -167,9 +168,9 @@ class BudgetStep:
         return gate, hold, also_found
 
     async def agate_and_reserve(
-        self, identity: Identity, request: Any, also: Sequence[Op[Any]] = ()
+        self, identity: Identity, request: Any, also: Sequence[Op[Any]] = (), body: Any = None
     ) -> tuple[Decision, Hold | None, list[Any] | None]:
-        hold = self._hold(request)
+        hold = self._hold(request, body)
         if hold is None or not hold.tokens:
             decision, found = await self.fuse.agate_with(identity, also)
             return decision, hold, found

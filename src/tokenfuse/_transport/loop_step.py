@@ -287,7 +287,9 @@ class LoopStep:
             return None
         call, parsed = named
         self._tool_loop(identity, call, parsed, request)
-        return self.breaker.prepare(identity, call, local=self.count_after)
+        check = self.breaker.prepare(identity, call, local=self.count_after)
+        check.body = parsed
+        return check
 
     def conclude(
         self, identity: Identity, check: LoopCheck | None, found: Any, request: Any

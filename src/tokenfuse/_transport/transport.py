@@ -233,8 +233,8 @@ class FuseTransport(_SyncBase):
         # bound. A refusing gate releases the reservations; a refusing loop check, or a send
         # that raises, releases them here.
         check = self._loops.prepare(identity, request)
-        also = (check.op,) if check is not None else ()
-        gate, hold, found = self._budget.gate_and_reserve(identity, request, also)
+        also, body = ((check.op,), check.body) if check is not None else ((), None)
+        gate, hold, found = self._budget.gate_and_reserve(identity, request, also, body)
         self._gate.check(gate, request)
         watch = None
         try:
@@ -382,8 +382,8 @@ class AsyncFuseTransport(_AsyncBase):
         identity = self._identify(request)
         # One round trip before sending, as in FuseTransport.handle_request.
         check = self._loops.prepare(identity, request)
-        also = (check.op,) if check is not None else ()
-        gate, hold, found = await self._budget.agate_and_reserve(identity, request, also)
+        also, body = ((check.op,), check.body) if check is not None else ((), None)
+        gate, hold, found = await self._budget.agate_and_reserve(identity, request, also, body)
         self._gate.check(gate, request)
         watch = None
         try:
