@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import socket
 import subprocess
@@ -226,6 +227,10 @@ def just_calls(case: str, body: str, calls: int) -> None:
     url = "http://127.0.0.1:8000/v1/chat/completions"
     for _ in range(20):  # warm: caches filled, every lazy import done
         run(client, url)
+    # The start-up's objects out of the collector's way: its full passes over them would
+    # fall unevenly between the FEW and MANY runs that instructions.sh subtracts.
+    gc.collect()
+    gc.freeze()
     for _ in range(calls):
         run(client, url)
 
