@@ -97,6 +97,26 @@ async def test_non_http_scopes_pass_straight_through(kind: str) -> None:
     assert scope == {"type": kind, "path": "/ws", "headers": []}
 
 
+async def test_malformed_header_pairs_break_no_request_and_keep_its_caller(clock: Clock) -> None:
+    middleware = TokenFuse(streaming_app, fuse=inbound_fuse(MemoryStore(clock=clock)))
+    malformed: list[Any] = [(b"x-a", b"1", b"extra"), ("x-api-key", "text"), (b"x-b", 7)]
+
+    starts = []
+    for key in ("sk-malformed-0001", "sk-malformed-0002"):
+        recorder = Recorder()
+        scope = http_scope(authorization=f"Bearer {key}")
+        scope["headers"] = [*malformed, *scope["headers"]]
+        await middleware(scope, recorder.receive, recorder.send)
+        starts.append(recorder.sent[0])
+
+    assert [start["status"] for start in starts] == [200, 200]
+    # each caller in a bucket of its own (the anonymous one would have left r=48)
+    assert [dict(start["headers"])[b"ratelimit"] for start in starts] == [
+        b'"default";r=49;t=1',
+        b'"default";r=49;t=1',
+    ]
+
+
 def test_websockets_and_lifespan_work_behind_it_in_starlette() -> None:
     from contextlib import asynccontextmanager
 
