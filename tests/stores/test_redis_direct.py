@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 from redis.backoff import NoBackoff
 
 from tests.stores.conftest import OwnRedis
@@ -252,3 +254,16 @@ async def test_only_plain_clients_on_a_pool_are_sent_to_directly(
             await client.aclose()
         else:
             client.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "sender"),
+    [
+        (redis.cluster.RedisCluster, redis_direct.sync_sender),
+        (redis.asyncio.cluster.RedisCluster, redis_direct.async_sender),
+    ],
+)
+def test_cluster_clients_keep_execute_command(kind: type, sender: Callable[[Any], Any]) -> None:
+    client = object.__new__(kind)  # no cluster needed: only its class is looked at
+
+    assert sender(client).func in (redis_direct._through_client, redis_direct._athrough_client)

@@ -17,7 +17,8 @@ call here does what ``execute_command`` does with the same redis-py pieces:
 
 Any other client goes through ``execute_command``, and so does every call while something
 watches redis-py's commands: its own metrics turned on, or an ``execute_command`` that
-tracing instrumentation wrapped.
+tracing instrumentation wrapped. So does every client of a redis-py without metrics
+(``redis.observability``): older ones, whose ``execute_command`` this path does not mirror.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from redis.observability.providers import get_observability_instance
+
+try:
+    from redis.observability.providers import get_observability_instance
+except ImportError:  # pragma: no cover - depends on the redis-py installed
+    get_observability_instance = None  # type: ignore[assignment]
 
 __all__ = ["async_sender", "sync_sender"]
 
@@ -51,11 +56,13 @@ def async_sender(client: Any) -> AsyncSend:
     return functools.partial(_asend, client, client.connection_pool)
 
 
-def _plain(client: Any, kind: type) -> bool:
+def _plain(client: Any, kind: type[Any]) -> bool:
     """Whether ``client`` is redis-py's own client class on a pool of connections: not a
-    subclass (which may send commands its own way) nor a single-connection client."""
-    single = client.connection is not None or getattr(client, "single_connection_client", False)
-    return type(client) is kind and not single
+    subclass (which may send commands its own way), a cluster client nor a single-connection
+    client."""
+    if type(client) is not kind or get_observability_instance is None:
+        return False
+    return client.connection is None and not getattr(client, "single_connection_client", False)
 
 
 def _watched(client: Any) -> bool:
@@ -108,7 +115,6 @@ async def _asend(client: Any, pool: Any, command: tuple[Any, ...]) -> Any:
         return await connection.retry.call_with_retry(
             functools.partial(_aexchange, connection, command),
             functools.partial(_adrop, connection),
-            with_failure_count=True,
         )
     finally:
         await pool.release(connection)
@@ -119,6 +125,7 @@ async def _aexchange(connection: Any, command: tuple[Any, ...]) -> Any:
     return await connection.read_response()
 
 
-async def _adrop(connection: Any, error: BaseException, failure_count: int) -> None:
-    """Before a retry, as ``execute_command``: the next attempt reconnects."""
-    await connection.disconnect(error=error, failure_count=failure_count)
+async def _adrop(connection: Any, error: BaseException) -> None:
+    """Before a retry, as ``execute_command``: the next attempt reconnects. (It also hands
+    the error to ``disconnect``, for redis-py's metrics alone: off on this path.)"""
+    await connection.disconnect()
