@@ -58,17 +58,17 @@ class AsgiRequest(RequestView):
 
     def __init__(self, scope: MutableMapping[str, Any]) -> None:
         super().__init__(scope.get("method", "GET"), scope.get("path", "/"), scope)
-        self._headers: dict[bytes, list[str]] | None = None
+        self._headers: dict[bytes, list[_Raw]] | None = None
 
     def header(self, name: str) -> str | None:
         values = self._values(name)
-        return values[0] if values else None
+        return bytes(values[0]).decode("latin-1") if values else None
 
     def header_list(self, name: str) -> str | None:
         values = self._values(name)
-        return ", ".join(values) if values else None
+        return ", ".join([bytes(v).decode("latin-1") for v in values]) if values else None
 
-    def _values(self, name: str) -> list[str] | None:
+    def _values(self, name: str) -> list[_Raw] | None:
         """Every value of header ``name``: the scope's headers are read once, at the first
         lookup, since a request's options and the middleware look up several."""
         headers = self._headers
@@ -82,15 +82,17 @@ class AsgiRequest(RequestView):
         return str(client[0]) if client else None
 
 
-#: What an ASGI header name or value may be (servers send bytes; the spec allows no other).
+#: What an ASGI header value may be (servers send bytes; the spec allows no other).
 _RAW = (bytes, bytearray, memoryview)
+_Raw = bytes | bytearray | memoryview
 
 
-def _header_map(headers: object) -> dict[bytes, list[str]]:
-    """The scope's headers: each name lower-cased (as ASGI servers send it) to its values in
-    order, decoded as latin-1. A pair that is not two byte strings is skipped: a broken
-    server or test scope must not crash the user's request, and cannot name a header."""
-    found: dict[bytes, list[str]] = {}
+def _header_map(headers: object) -> dict[bytes, list[_Raw]]:
+    """The scope's headers: each name, as sent (ASGI servers send them lower-cased), to its
+    values in order, decoded only when looked up (most never are). A pair that is not a name
+    and a byte string is skipped: a broken server or test scope must not crash the user's
+    request, and cannot name a header."""
+    found: dict[bytes, list[_Raw]] = {}
     try:
         pairs = iter(headers)  # type: ignore[call-overload]  # checked here, not trusted
     except TypeError:
@@ -98,16 +100,15 @@ def _header_map(headers: object) -> dict[bytes, list[str]]:
     for pair in pairs:
         try:
             name, value = pair
-        except (TypeError, ValueError):
+            values = found.get(name)
+        except (TypeError, ValueError):  # not a pair, or a name that cannot be a key
             continue
-        if isinstance(name, _RAW) and isinstance(value, _RAW):
-            text = bytes(value).decode("latin-1")
-            key = bytes(name).lower()
-            values = found.get(key)
-            if values is None:
-                found[key] = [text]
-            else:
-                values.append(text)
+        if not isinstance(value, _RAW):
+            continue
+        if values is None:
+            found[name] = [value]
+        else:
+            values.append(value)
     return found
 
 
