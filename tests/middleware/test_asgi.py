@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Clock
-from tokenfuse import ConfigurationError, Fuse, MemoryStore, default_fuse
+from tokenfuse import ConfigurationError, Fuse, Identity, MemoryStore, VelocityPolicy, default_fuse
 from tokenfuse._middleware import (
     DECISION_KEY,
     InboundOptions,
@@ -95,6 +95,50 @@ async def test_non_http_scopes_pass_straight_through(kind: str) -> None:
 
     assert seen == [(scope, recorder.receive, recorder.send)]
     assert scope == {"type": kind, "path": "/ws", "headers": []}
+
+
+async def test_malformed_header_pairs_break_no_request_and_keep_its_caller(clock: Clock) -> None:
+    middleware = TokenFuse(streaming_app, fuse=inbound_fuse(MemoryStore(clock=clock)))
+    malformed: list[Any] = [(b"x-a", b"1", b"extra"), ("x-api-key", "text"), (b"x-b", 7)]
+
+    starts = []
+    for key in ("sk-malformed-0001", "sk-malformed-0002"):
+        recorder = Recorder()
+        scope = http_scope(authorization=f"Bearer {key}")
+        scope["headers"] = [*malformed, *scope["headers"]]
+        await middleware(scope, recorder.receive, recorder.send)
+        starts.append(recorder.sent[0])
+
+    assert [start["status"] for start in starts] == [200, 200]
+    # each caller in a bucket of its own (the anonymous one would have left r=48)
+    assert [dict(start["headers"])[b"ratelimit"] for start in starts] == [
+        b'"default";r=49;t=1',
+        b'"default";r=49;t=1',
+    ]
+
+
+async def test_only_the_tokens_header_is_taken_out_of_the_response(clock: Clock) -> None:
+    sent_headers = [
+        (b"content-type", b"text/plain"),
+        (b"TokenFuse-Tokens", b"7"),  # any case, as an app may write it
+        (b"tokenfuse-tokenz", b"8"),  # as long as it, and kept
+        (b"x-other", b"9"),
+    ]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": sent_headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    fuse = inbound_fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(unit="tokens"))
+    recorder = Recorder()
+    await TokenFuse(app, fuse=fuse, count="tokens")(
+        http_scope(authorization="Bearer sk-tokens-0001"), recorder.receive, recorder.send
+    )
+
+    names = [name for name, _ in recorder.sent[0]["headers"]]
+    assert names[:3] == [b"content-type", b"tokenfuse-tokenz", b"x-other"]
+    assert b"TokenFuse-Tokens" not in names
+    assert fuse.status(Identity.secret("sk-tokens-0001")).rate == 7.0
 
 
 def test_websockets_and_lifespan_work_behind_it_in_starlette() -> None:

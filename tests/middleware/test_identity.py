@@ -332,6 +332,30 @@ def test_every_x_forwarded_for_line_is_read() -> None:
     assert ClientAddress(["10.0.0.0/8"])(request) == Identity.client("203.0.113.7")
 
 
+#: Header pairs no ASGI server should send: not a pair, a text name, a number for a value.
+MALFORMED: list[Any] = [(b"x-a", b"1", b"extra"), ("x-api-key", "text"), (b"x-b", 7), None, b"xy"]
+
+
+def test_malformed_header_pairs_are_skipped_and_the_valid_ones_still_read() -> None:
+    headers = [*MALFORMED, (b"x-org-id", b"acme"), (b"x-list", b"a"), (b"x-list", bytearray(b"b"))]
+    request = AsgiRequest({"type": "http", "headers": headers})
+
+    assert request.header("X-Org-Id") == "acme"  # asked in any case
+    assert request.header("X-LIST") == "a"
+    assert request.header_list("x-list") == "a, b"
+    assert request.header("x-api-key") is None
+    assert request.header("x-b") is None
+    assert request.header_list("x-a") is None
+
+
+@pytest.mark.parametrize("headers", [None, 5], ids=["none", "not-iterable"])
+def test_a_scope_without_a_header_list_has_no_headers(headers: object) -> None:
+    request = AsgiRequest({"type": "http", "headers": headers})
+
+    assert request.header("authorization") is None
+    assert request.header_list("x-forwarded-for") is None
+
+
 def test_without_a_peer_address_unverified_callers_share_the_anonymous_bucket(
     sender: Callable[..., Send],
 ) -> None:

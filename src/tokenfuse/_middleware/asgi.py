@@ -152,6 +152,7 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
         ``keep_status`` (the request's scope) for the failure-loop breaker."""
         extra = _encode(outcome.headers)
         tokens_header, report = self._tokens_header, outcome.report
+        size = len(tokens_header)
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -159,7 +160,8 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
                     keep_status[_STATUS] = int(message.get("status", 500))
                 headers = []
                 for name, value in message.get("headers", ()):
-                    if bytes(name).lower() == tokens_header:
+                    # The length first: most names differ in it, and need no lower-cased copy.
+                    if len(name) == size and bytes(name).lower() == tokens_header:
                         if report is not None:
                             report.add(parse_amount(bytes(value)))
                         continue

@@ -54,27 +54,62 @@ class RequestView:
 
 
 class AsgiRequest(RequestView):
-    __slots__ = ()
+    __slots__ = ("_headers",)
 
     def __init__(self, scope: MutableMapping[str, Any]) -> None:
         super().__init__(scope.get("method", "GET"), scope.get("path", "/"), scope)
+        self._headers: dict[bytes, list[_Raw]] | None = None
 
     def header(self, name: str) -> str | None:
-        wanted = _asgi_name(name)
-        for key, value in self.raw.get("headers", ()):
-            if key == wanted:  # ASGI servers send header names lower-cased
-                return bytes(value).decode("latin-1")
-        return None
+        values = self._values(name)
+        return bytes(values[0]).decode("latin-1") if values else None
 
     def header_list(self, name: str) -> str | None:
-        wanted = _asgi_name(name)
-        values = [bytes(v).decode("latin-1") for k, v in self.raw.get("headers", ()) if k == wanted]
-        return ", ".join(values) if values else None
+        values = self._values(name)
+        return ", ".join([bytes(v).decode("latin-1") for v in values]) if values else None
+
+    def _values(self, name: str) -> list[_Raw] | None:
+        """Every value of header ``name``: the scope's headers are read once, at the first
+        lookup, since a request's options and the middleware look up several."""
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = _header_map(self.raw.get("headers"))
+        return headers.get(_asgi_name(name))
 
     @property
     def client(self) -> str | None:
         client = self.raw.get("client")
         return str(client[0]) if client else None
+
+
+#: What an ASGI header value may be (servers send bytes; the spec allows no other).
+_RAW = (bytes, bytearray, memoryview)
+_Raw = bytes | bytearray | memoryview
+
+
+def _header_map(headers: object) -> dict[bytes, list[_Raw]]:
+    """The scope's headers: each name, as sent (ASGI servers send them lower-cased), to its
+    values in order, decoded only when looked up (most never are). A pair that is not a name
+    and a byte string is skipped: a broken server or test scope must not crash the user's
+    request, and cannot name a header."""
+    found: dict[bytes, list[_Raw]] = {}
+    try:
+        pairs = iter(headers)  # type: ignore[call-overload]  # checked here, not trusted
+    except TypeError:
+        return found
+    for pair in pairs:
+        try:
+            name, value = pair
+            values = found.get(name)
+        except (TypeError, ValueError):  # not a pair, or a name that cannot be a key
+            continue
+        if not isinstance(value, _RAW):
+            continue
+        if values is None:
+            found[name] = [value]
+        else:
+            values.append(value)
+    return found
 
 
 # The names looked up are the middleware's and the options' own (a few), not the request's.

@@ -26,8 +26,9 @@ asks "is this call tripped?" (``CheckLoops.local``) is answered from the same vi
 calls. ``open_keys=False`` turns it off. A store over an asyncio client alone has no view
 (it needs a sync client).
 
-**Errors.** Every redis-py error becomes ``StoreUnavailable`` at one boundary
-(``redis_clients.Unavailable``); failing open and backing off is ``Fuse``'s job.
+**Errors.** Every redis-py error becomes ``StoreUnavailable`` through one conversion
+(``redis_clients.unavailable``, or the ``Unavailable`` block around it); failing open and
+backing off is ``Fuse``'s job.
 """
 
 from __future__ import annotations
@@ -43,7 +44,15 @@ from . import redis_listing
 from .open_keys import OpenKeys
 from .ops import CheckLoops, Gate, ListKeys, Op
 from .redis_batch import Command, asend_all, send_all
-from .redis_clients import AsyncClient, Clients, SyncClient, Unavailable, script_shas
+from .redis_clients import (
+    REDIS_ERRORS,
+    AsyncClient,
+    Clients,
+    SyncClient,
+    Unavailable,
+    script_shas,
+    unavailable,
+)
 from .redis_codec import CODECS, Args
 from .redis_events import RedisEventLog
 
@@ -174,10 +183,7 @@ class RedisStore:
         key, known = self._known(op)
         if known is not None:
             return known
-        script = self._clients.sync_scripts()[op.name]
-        with Unavailable(op.name):
-            reply = script((key,), self._args(op))
-        return self._result(op, key, reply)
+        return self._send(op, key)
 
     async def arun(self, op: Op[R]) -> R:
         """Run one operation (``ops``) with its script; needs an asyncio client."""
@@ -189,9 +195,27 @@ class RedisStore:
         key, known = self._known(op)
         if known is not None:
             return known
+        return await self._asend(op, key)
+
+    # The decisions' path: a plain ``try`` rather than an ``Unavailable`` block, which would
+    # cost an object and two calls per decision.
+
+    def _send(self, op: Op[R], key: str) -> R:
+        """One operation's script call, its key already made (``_known``)."""
+        script = self._clients.sync_scripts()[op.name]
+        try:
+            reply = script((key,), self._args(op))
+        except REDIS_ERRORS as exc:
+            raise unavailable(op.name, exc) from exc
+        return self._result(op, key, reply)
+
+    async def _asend(self, op: Op[R], key: str) -> R:
+        """``_send`` for asyncio code."""
         script = self._clients.async_scripts()[op.name]
-        with Unavailable(op.name):
+        try:
             reply = await script((key,), self._args(op))
+        except REDIS_ERRORS as exc:
+            raise unavailable(op.name, exc) from exc
         return self._result(op, key, reply)
 
     def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
@@ -201,7 +225,8 @@ class RedisStore:
         script call, several are sent together (``redis_batch``). Needs a sync client."""
         known, keys, sending = self._known_many(ops)
         if len(sending) <= 1:
-            return _merged(known, [self.run(op) for op in sending])
+            sent = [self._send(op, key) for op, key in zip(sending, keys, strict=True)]
+            return _merged(known, sent)
         commands = self._commands(sending, keys)
         with Unavailable("batch"):
             replies = send_all(self._clients.sync_client(), commands)
@@ -214,7 +239,8 @@ class RedisStore:
         """``run_many`` for asyncio code."""
         known, keys, sending = self._known_many(ops)
         if len(sending) <= 1:
-            return _merged(known, [await self.arun(op) for op in sending])
+            sent = [await self._asend(op, key) for op, key in zip(sending, keys, strict=True)]
+            return _merged(known, sent)
         commands = self._commands(sending, keys)
         with Unavailable("batch"):
             replies = await asend_all(self._clients.async_client(), commands)

@@ -37,6 +37,7 @@ from .redis_budget import (
     pool_exhausted,
     url_options,
 )
+from .redis_direct import async_sender, sync_sender
 from .redis_scripts import script_sources
 from .redis_server import acheck_server, check_server
 
@@ -74,8 +75,9 @@ def unavailable(op: str, exc: BaseException) -> StoreUnavailable:
 
 
 class Unavailable:
-    """The one boundary where redis-py errors become ``StoreUnavailable`` (sync and async):
-    ``with Unavailable(op.name): ...``."""
+    """Where redis-py errors become ``StoreUnavailable`` (sync and async):
+    ``with Unavailable(op.name): ...``; the decisions' own path catches ``REDIS_ERRORS`` and
+    calls ``unavailable`` itself, one object and two calls fewer per decision."""
 
     __slots__ = ("op",)
 
@@ -111,9 +113,14 @@ class _Script:
     sends to every primary: with one primary down, a script that a live node had not cached
     yet (its first use there, or after a restart) could never be loaded. EVAL runs on the
     key's own node and caches the script there.
+
+    EVALSHA goes straight to a pooled connection on a plain client (``redis_direct``); the
+    rare EVAL through the client's ``eval``.
     """
 
-    __slots__ = ("client", "sha", "source")
+    __slots__ = ("client", "send", "sha", "source")
+
+    send: Callable[[tuple[Any, ...]], Any]  # the EVALSHA's words -> its reply (or awaitable)
 
     def __init__(self, client: Any, source: str) -> None:
         self.client = client
@@ -130,17 +137,25 @@ def script_shas() -> dict[str, str]:
 
 
 class SyncScript(_Script):
+    def __init__(self, client: SyncClient, source: str) -> None:
+        super().__init__(client, source)
+        self.send = sync_sender(client)
+
     def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
         try:
-            return self.client.evalsha(self.sha, len(keys), *keys, *args)
+            return self.send(("EVALSHA", self.sha, len(keys), *keys, *args))
         except NoScriptError:
             return self.client.eval(self.source, len(keys), *keys, *args)
 
 
 class AsyncScript(_Script):
+    def __init__(self, client: AsyncClient, source: str) -> None:
+        super().__init__(client, source)
+        self.send = async_sender(client)
+
     async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
         try:
-            return await self.client.evalsha(self.sha, len(keys), *keys, *args)
+            return await self.send(("EVALSHA", self.sha, len(keys), *keys, *args))
         except NoScriptError:
             return await self.client.eval(self.source, len(keys), *keys, *args)
 
