@@ -120,14 +120,19 @@ def _event_stream(response: Any) -> bool:
 
 
 def _is_retry(request: Any) -> bool:
-    count = request.headers.get("x-stainless-retry-count", "0")
-    return count not in ("", "0")
+    # ``in`` first: httpx's ``get`` of a header that is absent (most requests) raises a
+    # KeyError and catches it, several times the cost of the look-up.
+    headers = request.headers
+    if "x-stainless-retry-count" not in headers:
+        return False
+    return headers.get("x-stainless-retry-count", "0") not in ("", "0")
 
 
 class LoopWatch:
     """One call under watch: who, which call, and what its note must say: whether a success
     must be noted, whether it counts the send (``send``), whether its outcome counts
-    (``judged``: not for an SDK's retry); ``response`` and ``whole`` once it is seen."""
+    (``judged``: not for an SDK's retry); ``response``, ``event_stream`` and ``whole`` once it
+    is seen."""
 
     __slots__ = (
         "_batch",
@@ -138,6 +143,7 @@ class LoopWatch:
         "_parts",
         "call",
         "done",
+        "event_stream",
         "identity",
         "judged",
         "needs_success",
@@ -153,6 +159,7 @@ class LoopWatch:
         self.send = False
         self.judged = True
         self.response: Any = None
+        self.event_stream = False
         self.whole = False  # the body was read before the response came back, and fed
         self._parts: list[bytes] = []
         self._kept = 0
@@ -161,6 +168,12 @@ class LoopWatch:
         self._carry = b""
         self._marked = False
         self.done = False
+
+    def answered(self, response: Any) -> None:
+        """The response came: kept, with whether it is an event stream, read from its headers
+        once (each look-up in httpx's headers costs thousands of instructions)."""
+        self.response = response
+        self.event_stream = _event_stream(response)
 
     @property
     def head(self) -> bytes:
@@ -315,13 +328,13 @@ class LoopStep:
         takes the note; any other stream is wrapped, and noted when it ends or closes."""
         if watch is None:
             return
-        watch.response = response
+        watch.answered(response)
         body = getattr(response, "_content", None)  # as meter._body_if_read
         if body is not None:
             watch.feed(body)
             watch.whole = True
             return
-        feed = watch.feeder(_event_stream(response))
+        feed = watch.feeder(watch.event_stream)
         stream = response.stream
         done = partial(self._note, watch)
         if isinstance(stream, MeteredStream) and stream.attach(feed, done):
@@ -333,13 +346,13 @@ class LoopStep:
     async def aafter(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
         if watch is None:
             return
-        watch.response = response
+        watch.answered(response)
         body = getattr(response, "_content", None)
         if body is not None:
             watch.feed(body)
             watch.whole = True
             return
-        feed = watch.feeder(_event_stream(response))
+        feed = watch.feeder(watch.event_stream)
         stream = response.stream
         done = partial(self._anote, watch)
         if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done):
@@ -393,7 +406,7 @@ class LoopStep:
         if not watch.judged:
             return (None, 0, "") if watch.send else None
         status = int(response.status_code)
-        stream = _event_stream(response)
+        stream = watch.event_stream
         failed, error = failure_of(status, watch.head, stream)
         if stream and watch.marked and status not in _NOT_FAILURES:
             failed, error = True, error or "stream_error"
