@@ -412,7 +412,12 @@ def _prune(state: LoopState, now: float, p: LoopPolicy) -> None:
     """Forget the calls untouched for longer than both windows, neither refused nor tripped
     within ``ESCALATION_WINDOW``."""
     keep = p.keep
-    state.calls = [call for call in state.calls if _kept(call, now, keep)]
+    for call in state.calls:
+        # A call seen within ``keep`` is kept (most are): the list is made again only when
+        # a call goes.
+        if now - call.last_seen > keep and not _kept(call, now, keep):
+            state.calls = [kept for kept in state.calls if _kept(kept, now, keep)]
+            return
 
 
 def _find(state: LoopState, fingerprint: str) -> LoopCall | None:

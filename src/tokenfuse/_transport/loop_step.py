@@ -132,7 +132,8 @@ class LoopWatch:
     """One call under watch: who, which call, and what its note must say: whether a success
     must be noted, whether it counts the send (``send``), whether its outcome counts
     (``judged``: not for an SDK's retry); ``response``, ``event_stream`` and ``whole`` once it
-    is seen."""
+    is seen. ``key``: the identity's store key, as its check named it (None: the note
+    works it out)."""
 
     __slots__ = (
         "_batch",
@@ -146,6 +147,7 @@ class LoopWatch:
         "event_stream",
         "identity",
         "judged",
+        "key",
         "needs_success",
         "response",
         "send",
@@ -158,6 +160,7 @@ class LoopWatch:
         self.needs_success = needs_success
         self.send = False
         self.judged = True
+        self.key: str | None = None
         self.response: Any = None
         self.event_stream = False
         self.whole = False  # the body was read before the response came back, and fed
@@ -227,16 +230,17 @@ class LoopWatch:
 
 
 def _watch(
-    identity: Identity, call: CallName, verdict: LoopVerdict | None, request: Any, send: bool
+    check: LoopCheck, identity: Identity, verdict: LoopVerdict | None, request: Any, send: bool
 ) -> LoopWatch | None:
     """The watch of a call that was let through. An SDK's retry is noted only to count its
     send (``send``: the check did not), never its outcome; None when there is nothing to."""
     retry = _is_retry(request)
     if retry and not send:
         return None
-    watch = LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+    watch = LoopWatch(identity, check.call, verdict is not None and verdict.failures > 0)
     watch.send = send
     watch.judged = not retry
+    watch.key = check.op.key
     return watch
 
 
@@ -314,10 +318,10 @@ class LoopStep:
             return None
         send = self.count_after
         if found is None:
-            return _watch(identity, check.call, None, request, send)
+            return _watch(check, identity, None, request, send)
         decision = self.breaker.concluded(identity, check, found)
         self._gate.check(decision, request)
-        return _watch(identity, check.call, found, request, send)
+        return _watch(check, identity, found, request, send)
 
     # -- after the response -------------------------------------------------------------------
 
@@ -388,21 +392,23 @@ class LoopStep:
         if watch is None or watch.done or not watch.send or self.breaker is None:
             return None
         watch.done = True
-        return self.breaker.later(watch.identity, watch.call, None, send=True)
+        return self.breaker.later(watch.identity, watch.call, None, send=True, key=watch.key)
 
     def _later(self, watch: LoopWatch) -> LoopNote | None:
+        if watch.done:  # noted already: the settle took the note, and the stream then ended
+            return None
+        watch.done = True
         outcome = self._outcome(watch, watch.response)
         if outcome is None or self.breaker is None:
             return None
         failed, status, error = outcome
-        return self.breaker.later(watch.identity, watch.call, failed, status, error, watch.send)
+        return self.breaker.later(
+            watch.identity, watch.call, failed, status, error, watch.send, watch.key
+        )
 
     def _outcome(self, watch: LoopWatch, response: Any) -> tuple[bool | None, int, str] | None:
         """(failed, status, error type; failed None: the outcome is not counted), or None when
         there is nothing to note."""
-        if watch.done:
-            return None
-        watch.done = True
         if not watch.judged:
             return (None, 0, "") if watch.send else None
         status = int(response.status_code)
