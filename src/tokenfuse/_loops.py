@@ -127,7 +127,8 @@ def _cooldown_max(given: float | None, cooldown: float) -> float:
     return 3_600.0  # a bad cooldown: LoopPolicy names it
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: made for every call, and a frozen dataclass pays a setattr per field.
+@dataclass(slots=True)
 class CallName:
     """What a call is to the breaker: its fingerprint, and how messages name it."""
 

@@ -148,14 +148,23 @@ def _strip(item: Any) -> Any:
 
 
 def normalised(body: Any) -> Any:
-    """The parts of a parsed JSON body that name the call (see the module's docstring)."""
+    """The parts of a parsed JSON body that name the call (see the module's docstring).
+
+    As ``_strip``, only what loses a part is copied: a body with no volatile field whose
+    items hold no id is itself."""
     if not isinstance(body, dict):
         return body
-    kept = {key: value for key, value in body.items() if key not in VOLATILE}
+    kept = body
+    if not VOLATILE.isdisjoint(body):
+        kept = {key: value for key, value in body.items() if key not in VOLATILE}
     for name in _ITEM_LISTS:
         items = kept.get(name)
         if isinstance(items, list):
-            kept[name] = [_strip(item) for item in items]
+            stripped = [_strip(item) for item in items]
+            if stripped != items:  # an item lost its ids (the same items: one C comparison)
+                if kept is body:
+                    kept = dict(body)
+                kept[name] = stripped
     return kept
 
 

@@ -268,7 +268,8 @@ class LoopStep:
 
     # -- before sending ---------------------------------------------------------------------
 
-    def _name(self, request: Any) -> tuple[CallName, Any] | None:
+    def _name(self, request: Any) -> tuple[CallName, bytes, Any] | None:
+        """The call's name, its body and the body parsed (None: a JSON value, else None)."""
         body = sent_body(request)
         if not body or self.breaker is None:
             return None
@@ -279,14 +280,18 @@ class LoopStep:
         except Exception:
             return None
         parsed = parsed_body(body)
-        return self.breaker.name(request.method, host, path, body, parsed), parsed[1]
+        return self.breaker.name(request.method, host, path, body, parsed), body, parsed[1]
 
-    def _tool_loop(self, identity: Identity, call: CallName, parsed: Any, request: Any) -> None:
+    def _tool_loop(
+        self, identity: Identity, call: CallName, body: bytes, parsed: Any, request: Any
+    ) -> None:
         policy, breaker = self.policy, self.breaker
         if policy is None or breaker is None:
             return
         try:
-            tail = failing_tail(parsed, sent_body(request))  # the end: all that makes a loop
+            tail = failing_tail(parsed, body)  # the end: all that makes a loop
+            if not tail:  # no failing call at the end (most requests): no loop
+                return
             loop = tool_loop(tail, policy.tool_failures, policy.tool_alternations)
         except Exception as exc:  # a body of a shape no one foresaw must not break the call
             logger.debug("tokenfuse: reading the tool calls failed: %r", exc)
@@ -302,8 +307,8 @@ class LoopStep:
         named = self._name(request)
         if named is None or self.breaker is None:
             return None
-        call, parsed = named
-        self._tool_loop(identity, call, parsed, request)
+        call, body, parsed = named
+        self._tool_loop(identity, call, body, parsed, request)
         check = self.breaker.prepare(identity, call, local=self.count_after)
         check.body = parsed
         return check
