@@ -127,7 +127,8 @@ def _cooldown_max(given: float | None, cooldown: float) -> float:
     return 3_600.0  # a bad cooldown: LoopPolicy names it
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: made for every call, and a frozen dataclass pays a setattr per field.
+@dataclass(slots=True)
 class CallName:
     """What a call is to the breaker: its fingerprint, and how messages name it."""
 
@@ -179,29 +180,15 @@ class _Judge:
     def __call__(self, identity: Identity, verdict: LoopVerdict) -> Decision:
         self.verdict = verdict
         breaker = self.breaker
-        fuse = breaker.fuse
-        key_id = fuse.key_id(identity)
-        error = None
-        if not verdict.allowed or verdict.tripped or verdict.repeated:
-            error = breaker.refusal(identity, self.call, verdict, self.tool)
-        if verdict.tripped and error is not None:
-            breaker.emit("failure_loop", identity, key_id, error)
-            if verdict.repeated and self.report:  # a note whose send also made a repeat loop
-                repeat = replace(verdict, reason="repeat_loop", tripped=False, retry_after=0.0,
-                                 count=float(breaker.policy.repeats),
-                                 window=float(breaker.policy.repeat_window))  # fmt: skip
-                repeat_error = breaker.refusal(identity, self.call, repeat, self.tool)
-                breaker.emit("repeat_loop", identity, key_id, repeat_error)
-        elif verdict.repeated and error is not None and self.report:
-            breaker.emit("repeat_loop", identity, key_id, error)
-        elif (
-            not verdict.allowed
-            and verdict.reason == "repeat_loop"
-            and verdict.count == breaker.policy.repeats
-            and error is not None
-            and self.report
-        ):
-            breaker.emit("repeat_loop", identity, key_id, error)  # the first refusal only
+        key_id = breaker.fuse._id(identity)
+        limit = float(breaker.limit_of(verdict.reason))
+        if verdict.allowed and not verdict.tripped and not verdict.repeated:
+            # Nothing to refuse nor to report (most calls): no refusal made, no event.
+            return Decision(
+                key=identity.label, key_id=key_id, allowed=True, rate=verdict.count, limit=limit
+            )
+        error = breaker.refusal(identity, self.call, verdict, self.tool)
+        self._report(identity, verdict, key_id, error)
         # A trip refuses, as a velocity record's does: the call went through, the next won't.
         refused = not verdict.allowed or verdict.tripped
         return Decision(
@@ -211,8 +198,31 @@ class _Judge:
             error=error if refused else None,
             tripped=verdict.tripped,
             rate=verdict.count,
-            limit=float(breaker.limit_of(verdict.reason)),
+            limit=limit,
         )
+
+    def _report(
+        self, identity: Identity, verdict: LoopVerdict, key_id: str, error: FailureLoop
+    ) -> None:
+        """The events of a verdict that refuses, trips or repeats (``error``: its refusal)."""
+        breaker = self.breaker
+        if verdict.tripped:
+            breaker.emit("failure_loop", identity, key_id, error)
+            if verdict.repeated and self.report:  # a note whose send also made a repeat loop
+                repeat = replace(verdict, reason="repeat_loop", tripped=False, retry_after=0.0,
+                                 count=float(breaker.policy.repeats),
+                                 window=float(breaker.policy.repeat_window))  # fmt: skip
+                repeat_error = breaker.refusal(identity, self.call, repeat, self.tool)
+                breaker.emit("repeat_loop", identity, key_id, repeat_error)
+        elif verdict.repeated and self.report:
+            breaker.emit("repeat_loop", identity, key_id, error)
+        elif (
+            not verdict.allowed
+            and verdict.reason == "repeat_loop"
+            and verdict.count == breaker.policy.repeats
+            and self.report
+        ):
+            breaker.emit("repeat_loop", identity, key_id, error)  # the first refusal only
 
 
 class LoopCheck:
@@ -335,10 +345,13 @@ class LoopBreaker:
         status: int,
         error: str,
         send: bool = False,
+        key: str | None = None,
     ) -> NoteLoop:
         """``send``: count the call as a send (its check did not: ``local``); ``failed`` None:
-        count no outcome (an SDK's retry, its failure counted already)."""
-        key = self.fuse._key(identity)
+        count no outcome (an SDK's retry, its failure counted already). ``key``: the
+        identity's store key, when the caller has it (its check's ``op.key``)."""
+        if key is None:
+            key = self.fuse._key(identity)
         return NoteLoop(key, call.fingerprint, self.core, failed, status, error, send)
 
     # -- the steps ---------------------------------------------------------------------------
@@ -408,9 +421,11 @@ class LoopBreaker:
         status: int = 0,
         error: str = "",
         send: bool = False,
+        key: str | None = None,
     ) -> LoopNote:
-        """A note made now, to send later or with other ops (``LoopNote``)."""
-        op = self.note_op(identity, call, failed, status, error, send)
+        """A note made now, to send later or with other ops (``LoopNote``); ``key`` as
+        ``note_op``'s."""
+        op = self.note_op(identity, call, failed, status, error, send, key)
         return LoopNote(self, identity, call, op)
 
     # -- refusals and events -------------------------------------------------------------------

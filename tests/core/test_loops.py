@@ -216,6 +216,7 @@ def test_path_method_and_secret_are_part_of_it() -> None:
         b"[" * 100_000 + b"]" * 100_000,  # deeper than the parser goes
         b'{"a": NaN}',
         b'{"text": "\\ud800"}',  # a lone surrogate
+        b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # an object too deep to parse
         b"x" * (loops.PARSE_LIMIT + 1),
     ],
 )
@@ -318,6 +319,13 @@ def test_the_fingerprint_is_hmac_sha256_for_any_secret(size: int) -> None:
         b'{"a": "\xff"}',
         b'{"text": "\\ud800"}',
         b" [1]",
+        b"{}",
+        b'{"a": 1} \r\n\t',  # whitespace after the value
+        b'{"a": 1} x',  # more after it
+        b'{"a": 1}{}',
+        b'{"a": 1}\x0c',  # not JSON's whitespace
+        b'{"a": NaN, "b": -Infinity, "c": 1e400}',
+        b'{"a": 1,}',
     ],
 )
 def test_a_body_parses_as_json_loads_parses_it(body: bytes) -> None:
@@ -326,6 +334,25 @@ def test_a_body_parses_as_json_loads_parses_it(body: bytes) -> None:
     except ValueError:
         expected = (False, None)
     assert loops.parsed_body(body) == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        CHAT,
+        {"b": [1.5, float("inf"), float("nan"), -0.0, 1e400, 10**30], "a": None, "c": True},
+        {"text": "é ☃ 𝄞 \u2028 \x00 \ud800", "": {"z": [], "y": {}}},
+        ["top", "level", 1],
+        "a string",
+        3,
+    ],
+)
+def test_the_canonical_text_is_the_canonical_encoders(value: object) -> None:
+    assert loops._canonical_text(value) == loops._CANONICAL.encode(value)
+
+
+def test_what_canonical_json_cannot_write_back_is_none() -> None:
+    assert loops._canonical({"a": {1j}}) is None  # only a body not parsed from JSON has one
 
 
 def test_clean_error_keeps_a_short_type_only() -> None:

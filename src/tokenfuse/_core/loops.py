@@ -41,8 +41,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import json.encoder
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,24 +148,47 @@ def _strip(item: Any) -> Any:
 
 
 def normalised(body: Any) -> Any:
-    """The parts of a parsed JSON body that name the call (see the module's docstring)."""
+    """The parts of a parsed JSON body that name the call (see the module's docstring).
+
+    As ``_strip``, only what loses a part is copied: a body with no volatile field whose
+    items hold no id is itself."""
     if not isinstance(body, dict):
         return body
-    kept = {key: value for key, value in body.items() if key not in VOLATILE}
+    kept = body
+    if not VOLATILE.isdisjoint(body):
+        kept = {key: value for key, value in body.items() if key not in VOLATILE}
     for name in _ITEM_LISTS:
         items = kept.get(name)
         if isinstance(items, list):
-            kept[name] = [_strip(item) for item in items]
+            stripped = [_strip(item) for item in items]
+            if stripped != items:  # an item lost its ids (the same items: one C comparison)
+                if kept is body:
+                    kept = dict(body)
+                kept[name] = stripped
     return kept
 
 
-def _decoded(body: bytes) -> bytes | str:
-    """The body as ``json.loads`` reads it: an object's opening brace followed by no NUL is
-    UTF-8 to its detection (UTF-16 and UTF-32 put NULs beside ASCII characters), decoded here
-    as it would be, without its detection's Python-level steps; anything else as it is."""
-    if body[:1] == b"{" and body[1:2] != b"\0":
-        return body.decode("utf-8", "surrogatepass")
-    return body
+#: ``json.loads``'s scan, without the steps around it (``_loads``).
+_RAW_DECODE = json.JSONDecoder().raw_decode
+#: What JSON counts as whitespace (``json.decoder.WHITESPACE``).
+_JSON_SPACE = " \t\n\r"
+
+
+def _loads(body: bytes) -> Any:
+    """``json.loads(body)``: the same value, or the same failure (a ``ValueError``).
+
+    An object's opening brace followed by no NUL is UTF-8 to ``loads``'s detection (UTF-16
+    and UTF-32 put NULs beside ASCII characters): such a body is decoded here as ``loads``
+    would decode it, and scanned from its brace, without the Python-level steps around the
+    scan (the detection, the type checks, the regular expressions skipping whitespace before
+    the value and after it). Anything else goes to ``loads`` as it is."""
+    if body[:1] != b"{" or body[1:2] == b"\0":
+        return json.loads(body)
+    text = body.decode("utf-8", "surrogatepass")
+    value, end = _RAW_DECODE(text)  # starts with its value: no whitespace to skip
+    if end != len(text) and text[end:].strip(_JSON_SPACE):
+        raise ValueError("Extra data")  # more than whitespace after the value, as ``loads``
+    return value
 
 
 def parsed_body(body: bytes | None) -> tuple[bool, Any]:
@@ -172,7 +197,7 @@ def parsed_body(body: bytes | None) -> tuple[bool, Any]:
     if not body or len(body) > PARSE_LIMIT:
         return False, None
     try:
-        return True, json.loads(_decoded(body))
+        return True, _loads(body)
     except (ValueError, TypeError, RecursionError):
         return False, None
 
@@ -184,10 +209,40 @@ _CANONICAL = json.JSONEncoder(
 )
 
 
+def _c_encoder() -> Callable[[Any, int], Sequence[str]] | None:
+    """``_CANONICAL``'s C encoder, made once: ``encode`` makes one per call (as ``iterencode``
+    does, with these arguments), a few thousand instructions. None without the accelerator."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    encoder: Callable[[Any, int], Sequence[str]] = make(
+        None,  # no markers: no check for cycles
+        _CANONICAL.default,
+        json.encoder.encode_basestring,  # ensure_ascii=False
+        None,  # no indent
+        _CANONICAL.key_separator,
+        _CANONICAL.item_separator,
+        _CANONICAL.sort_keys,
+        _CANONICAL.skipkeys,
+        _CANONICAL.allow_nan,
+    )
+    return encoder
+
+
+_ENCODER = _c_encoder()
+
+
+def _canonical_text(value: Any) -> str:
+    """``_CANONICAL.encode(value)``: the same text (``tests/core/test_loops.py`` holds it)."""
+    if _ENCODER is None:
+        return _CANONICAL.encode(value)
+    return "".join(_ENCODER(value, 0))
+
+
 def _canonical(parsed: Any) -> bytes | None:
     """The normalised body as canonical JSON, or None when it cannot be written back."""
     try:
-        text = _CANONICAL.encode(normalised(parsed))
+        text = _canonical_text(normalised(parsed))
     except (ValueError, TypeError, RecursionError):
         return None
     return text.encode("utf-8", "surrogatepass")
@@ -366,7 +421,12 @@ def _prune(state: LoopState, now: float, p: LoopPolicy) -> None:
     """Forget the calls untouched for longer than both windows, neither refused nor tripped
     within ``ESCALATION_WINDOW``."""
     keep = p.keep
-    state.calls = [call for call in state.calls if _kept(call, now, keep)]
+    for call in state.calls:
+        # A call seen within ``keep`` is kept (most are): the list is made again only when
+        # a call goes.
+        if now - call.last_seen > keep and not _kept(call, now, keep):
+            state.calls = [kept for kept in state.calls if _kept(kept, now, keep)]
+            return
 
 
 def _find(state: LoopState, fingerprint: str) -> LoopCall | None:

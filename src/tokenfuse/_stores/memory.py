@@ -418,7 +418,8 @@ class MemoryStore:
         entry = self._entry(op.key, now)
         if entry.loops is None:
             entry.loops = LoopState()
-        error = _loops.clean_error(op.error)  # as the codec sends it to Redis
+        # As the codec sends it to Redis; a success (most notes) has no error to clean.
+        error = _loops.clean_error(op.error) if op.error else ""
         return _loops.note(
             entry.loops, op.fingerprint, op.failed, float(op.status), error, now, op.policy,
             op.send,

@@ -120,6 +120,8 @@ def _event_stream(response: Any) -> bool:
 
 
 def _is_retry(request: Any) -> bool:
+    # One ``get``, not ``in`` then ``get``: the SDKs that send this header send it with every
+    # call (0 on the first try), and each httpx look-up costs thousands of instructions.
     count = request.headers.get("x-stainless-retry-count", "0")
     return count not in ("", "0")
 
@@ -127,7 +129,9 @@ def _is_retry(request: Any) -> bool:
 class LoopWatch:
     """One call under watch: who, which call, and what its note must say: whether a success
     must be noted, whether it counts the send (``send``), whether its outcome counts
-    (``judged``: not for an SDK's retry); ``response`` and ``whole`` once it is seen."""
+    (``judged``: not for an SDK's retry); ``response``, ``event_stream`` and ``whole`` once it
+    is seen. ``key``: the identity's store key, as its check named it (None: the note
+    works it out)."""
 
     __slots__ = (
         "_batch",
@@ -138,8 +142,10 @@ class LoopWatch:
         "_parts",
         "call",
         "done",
+        "event_stream",
         "identity",
         "judged",
+        "key",
         "needs_success",
         "response",
         "send",
@@ -152,7 +158,9 @@ class LoopWatch:
         self.needs_success = needs_success
         self.send = False
         self.judged = True
+        self.key: str | None = None
         self.response: Any = None
+        self.event_stream = False
         self.whole = False  # the body was read before the response came back, and fed
         self._parts: list[bytes] = []
         self._kept = 0
@@ -161,6 +169,12 @@ class LoopWatch:
         self._carry = b""
         self._marked = False
         self.done = False
+
+    def answered(self, response: Any) -> None:
+        """The response came: kept, with whether it is an event stream, read from its headers
+        once (each look-up in httpx's headers costs thousands of instructions)."""
+        self.response = response
+        self.event_stream = _event_stream(response)
 
     @property
     def head(self) -> bytes:
@@ -214,16 +228,17 @@ class LoopWatch:
 
 
 def _watch(
-    identity: Identity, call: CallName, verdict: LoopVerdict | None, request: Any, send: bool
+    check: LoopCheck, identity: Identity, verdict: LoopVerdict | None, request: Any, send: bool
 ) -> LoopWatch | None:
     """The watch of a call that was let through. An SDK's retry is noted only to count its
     send (``send``: the check did not), never its outcome; None when there is nothing to."""
     retry = _is_retry(request)
     if retry and not send:
         return None
-    watch = LoopWatch(identity, call, verdict is not None and verdict.failures > 0)
+    watch = LoopWatch(identity, check.call, verdict is not None and verdict.failures > 0)
     watch.send = send
     watch.judged = not retry
+    watch.key = check.op.key
     return watch
 
 
@@ -251,7 +266,8 @@ class LoopStep:
 
     # -- before sending ---------------------------------------------------------------------
 
-    def _name(self, request: Any) -> tuple[CallName, Any] | None:
+    def _name(self, request: Any) -> tuple[CallName, bytes, Any] | None:
+        """The call's name, its body and the body parsed (None: a JSON value, else None)."""
         body = sent_body(request)
         if not body or self.breaker is None:
             return None
@@ -262,14 +278,18 @@ class LoopStep:
         except Exception:
             return None
         parsed = parsed_body(body)
-        return self.breaker.name(request.method, host, path, body, parsed), parsed[1]
+        return self.breaker.name(request.method, host, path, body, parsed), body, parsed[1]
 
-    def _tool_loop(self, identity: Identity, call: CallName, parsed: Any, request: Any) -> None:
+    def _tool_loop(
+        self, identity: Identity, call: CallName, body: bytes, parsed: Any, request: Any
+    ) -> None:
         policy, breaker = self.policy, self.breaker
         if policy is None or breaker is None:
             return
         try:
-            tail = failing_tail(parsed, sent_body(request))  # the end: all that makes a loop
+            tail = failing_tail(parsed, body)  # the end: all that makes a loop
+            if not tail:  # no failing call at the end (most requests): no loop
+                return
             loop = tool_loop(tail, policy.tool_failures, policy.tool_alternations)
         except Exception as exc:  # a body of a shape no one foresaw must not break the call
             logger.debug("tokenfuse: reading the tool calls failed: %r", exc)
@@ -285,8 +305,8 @@ class LoopStep:
         named = self._name(request)
         if named is None or self.breaker is None:
             return None
-        call, parsed = named
-        self._tool_loop(identity, call, parsed, request)
+        call, body, parsed = named
+        self._tool_loop(identity, call, body, parsed, request)
         check = self.breaker.prepare(identity, call, local=self.count_after)
         check.body = parsed
         return check
@@ -301,10 +321,10 @@ class LoopStep:
             return None
         send = self.count_after
         if found is None:
-            return _watch(identity, check.call, None, request, send)
+            return _watch(check, identity, None, request, send)
         decision = self.breaker.concluded(identity, check, found)
         self._gate.check(decision, request)
-        return _watch(identity, check.call, found, request, send)
+        return _watch(check, identity, found, request, send)
 
     # -- after the response -------------------------------------------------------------------
 
@@ -315,13 +335,13 @@ class LoopStep:
         takes the note; any other stream is wrapped, and noted when it ends or closes."""
         if watch is None:
             return
-        watch.response = response
+        watch.answered(response)
         body = getattr(response, "_content", None)  # as meter._body_if_read
         if body is not None:
             watch.feed(body)
             watch.whole = True
             return
-        feed = watch.feeder(_event_stream(response))
+        feed = watch.feeder(watch.event_stream)
         stream = response.stream
         done = partial(self._note, watch)
         if isinstance(stream, MeteredStream) and stream.attach(feed, done):
@@ -333,13 +353,13 @@ class LoopStep:
     async def aafter(self, watch: LoopWatch | None, response: Any, flavor: Flavor) -> None:
         if watch is None:
             return
-        watch.response = response
+        watch.answered(response)
         body = getattr(response, "_content", None)
         if body is not None:
             watch.feed(body)
             watch.whole = True
             return
-        feed = watch.feeder(_event_stream(response))
+        feed = watch.feeder(watch.event_stream)
         stream = response.stream
         done = partial(self._anote, watch)
         if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done):
@@ -375,25 +395,27 @@ class LoopStep:
         if watch is None or watch.done or not watch.send or self.breaker is None:
             return None
         watch.done = True
-        return self.breaker.later(watch.identity, watch.call, None, send=True)
+        return self.breaker.later(watch.identity, watch.call, None, send=True, key=watch.key)
 
     def _later(self, watch: LoopWatch) -> LoopNote | None:
+        if watch.done:  # noted already: the settle took the note, and the stream then ended
+            return None
+        watch.done = True
         outcome = self._outcome(watch, watch.response)
         if outcome is None or self.breaker is None:
             return None
         failed, status, error = outcome
-        return self.breaker.later(watch.identity, watch.call, failed, status, error, watch.send)
+        return self.breaker.later(
+            watch.identity, watch.call, failed, status, error, watch.send, watch.key
+        )
 
     def _outcome(self, watch: LoopWatch, response: Any) -> tuple[bool | None, int, str] | None:
         """(failed, status, error type; failed None: the outcome is not counted), or None when
         there is nothing to note."""
-        if watch.done:
-            return None
-        watch.done = True
         if not watch.judged:
             return (None, 0, "") if watch.send else None
         status = int(response.status_code)
-        stream = _event_stream(response)
+        stream = watch.event_stream
         failed, error = failure_of(status, watch.head, stream)
         if stream and watch.marked and status not in _NOT_FAILURES:
             failed, error = True, error or "stream_error"
