@@ -159,15 +159,19 @@ _OPERATION = re.compile(
 )
 _MODEL_IN_PATH = re.compile(r"/(?:models|model|deployments)/([^/:]+)")
 _BODY_PREFIX = 4_096  # the model field comes early in every SDK's JSON
-# What each path says (its operation, and its model if it names one): a client calls the same
-# few endpoints over and over, so this stays small; it is bounded all the same.
-_by_path: dict[str, tuple[str, str | None]] = {}
+# What each path says (its operation, and its model if it names one), under the path as sent
+# (%-encoded, bytes): a client calls the same few endpoints over and over, so this stays small,
+# and a path seen before is neither decoded nor searched again. Bounded all the same.
+_by_path: dict[bytes, tuple[str, str | None]] = {}
 _MAX_PATHS = 512
 
 
-def _path_facts(path: str) -> tuple[str, str | None]:
-    facts = _by_path.get(path)
+def _path_facts(url: Any) -> tuple[str, str | None]:
+    """The operation and the model (None: not in the path) of an httpx URL's path."""
+    sent = url.raw_path.partition(b"?")[0]
+    facts = _by_path.get(sent)
     if facts is None:
+        path = url.path  # decoded, as the patterns read it
         operation = _OPERATION.search(path)
         model = _MODEL_IN_PATH.search(path)
         facts = (
@@ -175,7 +179,7 @@ def _path_facts(path: str) -> tuple[str, str | None]:
             model.group(1) if model else None,
         )
         if len(_by_path) < _MAX_PATHS:
-            _by_path[path] = facts
+            _by_path[sent] = facts
     return facts
 
 
@@ -197,7 +201,7 @@ def call_facts(request: Any) -> CallFacts:
     """The model and the operation of an httpx request: the model from its path (Gemini,
     Bedrock, Azure deployments) or its JSON body's ``model``; ``unknown`` when neither says."""
     try:
-        operation, model = _path_facts(request.url.path)
+        operation, model = _path_facts(request.url)
         if model is None:
             body = getattr(request, "_content", None)  # only a body already in memory
             model = _model_in(body) if body else "unknown"

@@ -121,6 +121,30 @@ def test_the_model_in_the_path_wins_and_models_are_capped(scrape: Scrape, clock:
     assert len(models) == MAX_MODELS + 1 and "other" in models
 
 
+@pytest.mark.parametrize(
+    ("url", "facts"),
+    [
+        (GEMINI, ("gemini-2.5-flash", "generate_content")),
+        # %-encoded: the labels are the decoded path's, whether or not it was seen before
+        (GEMINI.replace("gemini-2.5", "gemini%2D2%2E5"), ("gemini-2.5-flash", "generate_content")),
+        (
+            GEMINI.replace(":generateContent", "%3AgenerateContent"),
+            ("gemini-2.5-flash", "generate_content"),
+        ),
+        (OPENAI + "?api-version=1", ("gpt-4o-mini", "chat")),
+        ("https://example.com/v1/embeddings?q=%2Fmodels%2Fx", ("gpt-4o-mini", "embeddings")),
+        ("https://example.com/v1/anything", ("gpt-4o-mini", "unknown")),
+    ],
+)
+def test_call_facts_read_the_decoded_path_every_time(url: str, facts: tuple[str, str]) -> None:
+    from tokenfuse._observe import call_facts
+
+    body = json.dumps({"model": "gpt-4o-mini"}).encode()
+    for _ in range(2):  # the second time, from what the first remembered
+        found = call_facts(httpx.Request("POST", url, content=body))
+        assert (found.model, found.operation) == facts
+
+
 def test_decisions_refusals_trips_and_open_keys(scrape: Scrape, clock: Clock) -> None:
     fuse = Fuse(MemoryStore(clock=clock), velocity=VelocityPolicy(limit=2_000, cooldown=60))
     client = guarded(fuse, openai_llm(1_000, 500))

@@ -379,3 +379,22 @@ def test_a_bug_when_finishing_is_contained(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(Accumulator, "result", boom)
     usage = finish(reader_for(OPENAI_CHAT.url), OPENAI_CHAT.body)
     assert (usage.total, usage.problem) == (None, INTERNAL_ERROR)
+
+
+def test_responses_of_one_endpoint_are_read_as_each_says_in_turn() -> None:
+    """The readers' plans are remembered per kind of response: responses of one endpoint
+    that differ only in status, content-type or content-coding each get their own plan,
+    and two ways of writing one content-type the same one, in whichever order they come."""
+    usage = {"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}
+    body = dumps(usage)
+    event = b"data: " + body + b"\n\ndata: [DONE]\n\n"
+    for _ in range(2):  # the second time, every plan is a remembered one
+        assert finish(reader_for(OPENAI_CHAT.url, JSON), body).total == 7
+        assert (
+            finish(reader_for(OPENAI_CHAT.url, " Application/JSON; charset=utf-8"), body).total == 7
+        )
+        assert finish(reader_for(OPENAI_CHAT.url, SSE), event).total == 7
+        assert finish(reader_for(OPENAI_CHAT.url, JSON, status=500), body).counts_nothing is False
+        assert finish(reader_for(OPENAI_CHAT.url, JSON, status=500), b"").counts_nothing
+        unsupported = finish(reader_for(OPENAI_CHAT.url, JSON, encoding="x-unknown"), body)
+        assert unsupported.total is None and "x-unknown" in (unsupported.problem or "")

@@ -57,7 +57,15 @@ class GenAITokenUsage:
         )
 
     def metered(self, identity: Identity, usage: Usage, call: CallFacts) -> None:
-        if _records_nowhere(self.histogram):
+        histogram = self.histogram
+        # Nowhere: the API's no-op histogram, or the API's proxy while no ``MeterProvider``
+        # is set (the default when the application configures no OpenTelemetry SDK). Then a
+        # call builds no attributes for it. The proxy keeps what it forwards to in
+        # ``_real_instrument``: checked on every call, so a provider set later is recorded on
+        # at once; an instrument without that attribute is recorded on as always.
+        if getattr(histogram, "_real_instrument", histogram) is None or isinstance(
+            histogram, NoOpHistogram
+        ):
             return
         attributes = {
             "gen_ai.operation.name": call.operation,
@@ -67,18 +75,7 @@ class GenAITokenUsage:
             attributes["gen_ai.request.model"] = call.model
         for kind, amount in (("input", usage.input), ("output", usage.output)):
             if amount is not None:
-                self.histogram.record(amount, {**attributes, "gen_ai.token.type": kind})
-
-
-def _records_nowhere(histogram: Any) -> bool:
-    """Whether ``histogram`` drops what it is given: the API's no-op one, or the API's proxy
-    while no ``MeterProvider`` is set (the default when the application configures no
-    OpenTelemetry SDK). Then a call builds no attributes for it. The proxy keeps what it
-    forwards to in ``_real_instrument``: checked on every call, so a provider set later is
-    recorded on at once; an instrument without that attribute is recorded on as always."""
-    return isinstance(histogram, NoOpHistogram) or (
-        getattr(histogram, "_real_instrument", histogram) is None
-    )
+                histogram.record(amount, {**attributes, "gen_ai.token.type": kind})
 
 
 _installed: GenAITokenUsage | None = None

@@ -6,17 +6,21 @@ checks that a response stream is an instance of *its own* ``SyncByteStream`` or
 dict lookup on the request's type) and wraps streams in classes built once per library.
 Neither library is imported here until a request of it arrives: tokenfuse imports without
 either installed, and with only one.
+
+Both keep a message's headers the same way too, which the transport reads on every call
+(``header_entries``).
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["Flavor", "flavor_of"]
+__all__ = ["Flavor", "flavor_of", "header_entries"]
 
 _LIBRARIES = ("httpx", "httpx2")
 
@@ -78,3 +82,23 @@ def flavor_of(request: object) -> Flavor:
     with _lock:
         flavor = _flavors[kind] = _load(root)
     return flavor
+
+
+#: One header as both libraries keep it: its name as sent, that name in lower case, its value.
+HeaderEntry = tuple[bytes, bytes, bytes]
+
+
+def header_entries(headers: Any) -> Sequence[HeaderEntry]:
+    """Every header of ``headers`` (an ``httpx.Headers``/``httpx2.Headers``), in order, with
+    its name already lower-cased: read, never to be changed.
+
+    Both libraries keep exactly these triples in ``Headers._list``: read directly, it costs
+    nothing, where ``headers.raw`` builds a new list of pairs on every call and each name
+    would be lower-cased again. Any other headers type (one without that list) is read
+    through its public ``raw`` (``tests/transport/test_meter.py`` runs both ways, on each
+    library, so a library that changed its list would fail there, not read wrong).
+    """
+    entries = getattr(headers, "_list", None)
+    if type(entries) is list:
+        return entries
+    return [(name, name.lower(), value) for name, value in headers.raw]

@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from typing import Any, TypeAlias
 
 from .._identity import Identity
+from .compat import header_entries
 
 __all__ = ["KeyOption", "KeyResolver", "current_scope", "scope"]
 
@@ -58,10 +59,9 @@ def current_scope() -> Identity | None:
 
 
 def _header_credential(headers: Any) -> str | None:
-    # One pass over the raw header list: cheaper than a case-insensitive lookup per name.
+    # One pass over the header list: cheaper than a case-insensitive lookup per name.
     found: dict[bytes, bytes] = {}
-    for name, value in headers.raw:
-        lowered = name.lower()
+    for _, lowered, value in header_entries(headers):
         if lowered in _CREDENTIAL_HEADERS:
             found.setdefault(lowered, value)
     if not found:
@@ -72,9 +72,9 @@ def _header_credential(headers: Any) -> str | None:
         if secret:
             return secret
     for name in _API_KEY_HEADERS:
-        value = found.get(name)
-        if value and value.strip():
-            return value.decode("latin-1").strip()
+        key = found.get(name)
+        if key and key.strip():
+            return key.decode("latin-1").strip()
     return None
 
 

@@ -30,6 +30,7 @@ from .._usage import (
 from .._usage.estimate import reported, with_input
 from .._usage.readers import FixedReader, FramedReader
 from .account import account
+from .compat import header_entries
 from .usage_option import Sending, sent_body
 
 __all__ = ["EXTENSION", "FuseReport", "Meter", "Metering"]
@@ -281,16 +282,17 @@ class _ResponseHeaders(Mapping[str, str]):
     (names lower-cased, repeated ones joined with ``", "``, both decoded with the headers'
     encoding), less ``content-encoding`` when the client decoded the body already.
 
-    The built-in readers look up two or three names, each found with one pass over the raw
-    list: cheaper than decoding every header of a real response (providers send 15 to 25).
-    Whatever iterates them (a registered extractor's ``ResponseInfo``) gets the whole dict,
-    made once.
+    The built-in readers look up two or three names, each found with one pass over the
+    library's own list (``header_entries``): cheaper than decoding every header of a real
+    response (providers send 15 to 25). Whatever iterates them (a registered extractor's
+    ``ResponseInfo``) gets the whole dict, made once.
     """
 
-    __slots__ = ("_decoded", "_dict", "_headers")
+    __slots__ = ("_decoded", "_dict", "_entries", "_headers")
 
     def __init__(self, headers: Any, *, decoded: bool) -> None:
         self._headers = headers
+        self._entries = header_entries(headers)
         self._decoded = decoded
         self._dict: dict[str, str] | None = None
 
@@ -299,12 +301,17 @@ class _ResponseHeaders(Mapping[str, str]):
             return self._dict.get(name, default)
         if self._decoded and name == "content-encoding":
             return default
-        encoding = self._headers.encoding
-        wanted = name.encode(encoding)
+        # ASCII is the same bytes in each encoding httpx may choose (ASCII, UTF-8, latin-1),
+        # so the headers' encoding, which httpx works out by decoding every header, is only
+        # asked for what is not ASCII.
+        try:
+            wanted = name.encode("ascii" if name.isascii() else self._encoding())
+        except UnicodeEncodeError:
+            return default  # no header's name decodes to it
         found: str | None = None
-        for raw_name, value in self._headers.raw:
-            if raw_name.lower() == wanted:
-                text = value.decode(encoding)
+        for _, lowered, value in self._entries:
+            if lowered == wanted:
+                text = value.decode("ascii" if value.isascii() else self._encoding())
                 found = text if found is None else f"{found}, {text}"
         return default if found is None else found
 
@@ -320,13 +327,16 @@ class _ResponseHeaders(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._whole())
 
+    def _encoding(self) -> str:
+        encoding: str = self._headers.encoding
+        return encoding
+
     def _whole(self) -> dict[str, str]:
         if self._dict is None:
-            headers = self._headers
-            encoding = headers.encoding
+            encoding = self._encoding()
             found: dict[str, str] = {}
-            for name, value in headers.raw:
-                key = name.lower().decode(encoding)
+            for _, lowered, value in self._entries:
+                key = lowered.decode(encoding)
                 text = value.decode(encoding)
                 found[key] = f"{found[key]}, {text}" if key in found else text
             if self._decoded:

@@ -243,7 +243,7 @@ def _builtin_plan(info: ResponseFacts) -> ReaderPlan:
     return plan
 
 
-_PlanKey = tuple[str, str, str, bool, str, str, bool]
+_PlanKey = tuple[str, str, str, int, str, str, bool]
 _plans: dict[_PlanKey, ReaderPlan] = {}
 
 
@@ -253,13 +253,18 @@ def builtin_reader(info: ResponseFacts) -> UsageReader | None:
     Which one depends on a few facts of the response only (below); a client gets responses of
     few kinds, each many times, so each kind's plan is worked out once and remembered.
     """
+    # The facts as they come, not as the plan reads them (`ok`, `content_type` and
+    # `content_encoding`, each a property): each is one function of what is in the key, so
+    # the plan is the same, and a response of a known kind costs two header lookups, no more
+    # (a content-type whose parameters change with each response only costs a plan each).
+    headers = info.response_headers
     key = (
         info.method,
         info.host,
         info.path,
-        info.ok,
-        info.content_type,
-        info.content_encoding,
+        info.status_code,
+        headers.get("content-type", ""),
+        headers.get("content-encoding", ""),
         info.estimate,
     )
     plan = _plans.get(key)
