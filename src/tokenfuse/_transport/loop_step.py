@@ -71,7 +71,8 @@ _STREAM_ERRORS = (
 _CARRY = max(len(mark) for mark in _STREAM_ERRORS) - 1
 #: An event stream's chunks are searched for the marks a batch at a time, once this many bytes
 #: have come: a stream has thousands of chunks of a few dozen bytes, and a search costs some
-#: 1.4k instructions however short the chunk, an append a tenth of that.
+#: 1.4k instructions however short the chunk, an append a tenth of that. (The transport's
+#: metered stream shows the watch bigger batches of its own; ``LoopStream`` shows it chunks.)
 _BATCH = 8 * 1024
 
 
@@ -176,7 +177,7 @@ class LoopWatch:
 
     def feeder(self, event_stream: bool) -> Callable[[bytes], None]:
         """What a streamed body's chunks are shown to: an event stream's errors are its marks
-        (``find``), any other body's its head (``keep``): each chunk pays for one of them."""
+        (``find``), any other body's its head (``keep``): each piece pays for one of them."""
         return self.find if event_stream else self.keep
 
     def feed(self, chunk: bytes) -> None:
@@ -325,7 +326,7 @@ class LoopStep:
         stream = response.stream
         done = partial(self._note, watch)
         if isinstance(stream, MeteredStream) and stream.attach(feed, done):
-            return  # the meter's stream shows the watch its chunks: one generator for both
+            return  # the meter's stream shows the watch its batches: one generator for both
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
             stream, feed, done
         )
