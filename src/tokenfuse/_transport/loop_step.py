@@ -202,14 +202,15 @@ class LoopWatch:
 
     def _search(self) -> None:
         # The window holds every mark that ends in this batch: the last _CARRY bytes before
-        # it, and it. A window without "error" nor "failed" (in every mark) holds none.
+        # it, and it. A window without "error" nor "response.failed" (one is in every mark)
+        # holds none; the longer a word, the further each step of the search skips.
         # Bytes are searched with ``find``, never ``in``: CPython first tries an ``in``
         # operand as an integer, and formats the TypeError it then drops.
         window = self._carry + b"".join(self._batch)
         self._batch.clear()
         self._batched = 0
         self._carry = window[-_CARRY:]
-        if self._marked or (window.find(b"error") < 0 and window.find(b"failed") < 0):
+        if self._marked or (window.find(b"error") < 0 and window.find(b"response.failed") < 0):
             return
         self._marked = any(window.find(mark) >= 0 for mark in _STREAM_ERRORS)
 

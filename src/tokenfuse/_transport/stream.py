@@ -46,13 +46,13 @@ __all__ = [
     "sync_stream_type",
 ]
 
-#: Bytes of chunks a stream gathers before the reader and the watch look at them. A look costs
-#: a fixed few thousand instructions however little it is shown (its Python calls, and one
-#: C-level search per thing looked for), and a stream chunk is mostly one small event: shown
-#: chunk by chunk, a 2,000-chunk stream cost twice what the unguarded client spends on it.
-#: Nothing needs the answer sooner: usage is recorded, and a failure noted, when the stream is
-#: settled, which first shows what is left. The bound keeps small the memory held (chunks the
-#: caller was given already) and the work left for the settle (one look at 32 KiB at most).
+#: Bytes of chunks a stream gathers before the reader and the watch look at them, joined. A
+#: look pays a fixed cost whatever its size (Python calls, a C-level search per thing looked
+#: for), and a stream chunk is mostly one small event: the watch's look at every chunk was a
+#: third of what the guard added to a 2,000-chunk stream. Nothing needs the answer sooner:
+#: usage is recorded, and a failure noted, when the stream is settled, which first shows what
+#: is left (no check acts mid-stream). The bound keeps small the memory held (chunks the
+#: caller was given already) and the work left to the settle: one look at 32 KiB at most.
 BATCH = 32 * 1024
 
 Settle = Callable[[Meter, bool], None]
