@@ -154,9 +154,10 @@ class MeteredStream(_Batched):
                 for chunk in self._inner:
                     yield chunk
             else:
-                keep, held = self._batch.append, 0
+                # batch.append, not a bound method kept aside: CPython 3.11 specialises the call
+                batch, held = self._batch, 0
                 for chunk in self._inner:
-                    keep(chunk)
+                    batch.append(chunk)
                     try:
                         held += len(chunk)
                     except Exception:  # no length, so not bytes: looked at (and told) now
@@ -209,9 +210,9 @@ class AsyncMeteredStream(_Batched):
                 async for chunk in self._inner:
                     yield chunk
             else:
-                keep, held = self._batch.append, 0
+                batch, held = self._batch, 0
                 async for chunk in self._inner:
-                    keep(chunk)
+                    batch.append(chunk)
                     try:
                         held += len(chunk)
                     except Exception:  # no length, so not bytes: looked at (and told) now
