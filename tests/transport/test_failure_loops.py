@@ -534,11 +534,11 @@ def test_the_meters_stream_feeds_one_watch_and_ends_it_after_settling() -> None:
 
     from tokenfuse._transport.stream import MeteredStream
 
-    class Meter:  # what MeteredStream asks of a meter: where to collect the chunks
+    class Meter:  # what MeteredStream asks of a meter: what to show the chunks to
         report = SimpleNamespace(done=False)  # settled only at the end
 
-        def collector(self) -> Any:
-            return seen, lambda: None
+        def stream_reader(self) -> Any:
+            return seen.append
 
     seen: list[bytes] = []
     watched: list[bytes] = []
@@ -551,7 +551,8 @@ def test_the_meters_stream_feeds_one_watch_and_ends_it_after_settling() -> None:
     assert stream.attach(watched.append, lambda: steps.append("noted"))
     assert not stream.attach(lambda chunk: None, lambda: steps.append("other"))
     assert list(stream) == [b"a", b"b"]
-    assert seen == watched == [b"a", b"b"] and steps == ["settled True", "noted"]
+    # Both are shown the same batch (the chunks joined), before the settle.
+    assert seen == watched == [b"ab"] and steps == ["settled True", "noted"]
 
 
 def test_an_error_mark_across_the_border_of_two_batches_is_found() -> None:

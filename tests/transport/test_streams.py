@@ -12,6 +12,7 @@ import pytest
 
 from tokenfuse import Fuse
 from tokenfuse._transport import AsyncFuseTransport, FuseReport, FuseTransport
+from tokenfuse._transport.stream import BATCH
 
 from .bodies import CASES, SSE, Case
 from .conftest import ChunkServer, split
@@ -221,3 +222,166 @@ def test_without_estimates_a_stream_without_usage_is_unknown_never_zero_and_warn
     assert warnings[0].startswith("usage_unknown: ")
     assert "include_usage" in warnings[0]
     assert "estimate=True" in warnings[0]  # says how to get an estimate instead
+
+
+# -- batches: the reader and the watch see the chunks a batch (BATCH bytes) at a time ----------
+
+OPENAI_URL = "https://api.openai.com/v1/chat/completions"
+TEXT_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"word "}}],"usage":null}\n\n'
+USAGE_EVENT = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,'
+    b'"total_tokens":42}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+
+
+def up_to_a_border() -> list[bytes]:
+    """Text events, one a chunk, and an SSE comment: one byte short of a batch."""
+    count = (BATCH - 1) // len(TEXT_EVENT) - 1
+    pad = BATCH - 1 - count * len(TEXT_EVENT)
+    return [TEXT_EVENT] * count + [b":" + b"p" * (pad - 3) + b"\n\n"]
+
+
+def usage_across_a_border(inside: int) -> list[bytes]:
+    """A batch that ends ``inside`` bytes into the usage event, then one more batch and more."""
+    more = [TEXT_EVENT] * (BATCH // len(TEXT_EVENT) + 1)
+    return [*up_to_a_border(), USAGE_EVENT[:inside], USAGE_EVENT[inside:], *more, DONE]
+
+
+CUTS = [1, USAGE_EVENT.index(b'"usage"') + 3, len(USAGE_EVENT) - 1]
+
+
+def read_all(lib: ModuleType, fuse: Fuse, chunks: list[bytes]) -> tuple[list[bytes], FuseReport]:
+    inner = Scripted(lib, chunks)
+    with (
+        lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        passed = list(response.iter_raw())
+    return passed, response.extensions["tokenfuse"]
+
+
+async def aread_all(
+    lib: ModuleType, fuse: Fuse, chunks: list[bytes]
+) -> tuple[list[bytes], FuseReport]:
+    inner = Scripted(lib, chunks)
+    async with (
+        lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        passed = [chunk async for chunk in response.aiter_raw()]
+    return passed, response.extensions["tokenfuse"]
+
+
+def assert_whole(report: FuseReport, fuse: Fuse) -> None:
+    assert report.done and report.usage is not None
+    assert not report.usage.partial and report.usage.total == 42
+    assert fuse.status(report.identity).rate == 42
+
+
+@pytest.mark.parametrize("inside", CUTS)
+def test_a_usage_event_cut_by_a_batch_border_is_read(
+    lib: ModuleType, fuse: Fuse, inside: int
+) -> None:
+    chunks = usage_across_a_border(inside)
+    passed, report = read_all(lib, fuse, chunks)
+    assert passed == chunks  # each chunk as it came, none merged nor held back
+    assert_whole(report, fuse)
+
+
+@pytest.mark.parametrize("inside", CUTS)
+async def test_async_a_usage_event_cut_by_a_batch_border_is_read(
+    lib: ModuleType, fuse: Fuse, inside: int
+) -> None:
+    chunks = usage_across_a_border(inside)
+    passed, report = await aread_all(lib, fuse, chunks)
+    assert passed == chunks
+    assert_whole(report, fuse)
+
+
+@pytest.mark.parametrize("batches", [0, 2])
+def test_usage_in_the_last_chunk_is_read(lib: ModuleType, fuse: Fuse, batches: int) -> None:
+    """The last chunk ends no batch: the settle shows it to the reader first."""
+    chunks = [TEXT_EVENT] * (batches * BATCH // len(TEXT_EVENT)) + [USAGE_EVENT]
+    passed, report = read_all(lib, fuse, chunks)
+    assert passed == chunks
+    assert_whole(report, fuse)
+
+
+async def test_async_usage_in_the_last_chunk_is_read(lib: ModuleType, fuse: Fuse) -> None:
+    chunks = [*up_to_a_border(), USAGE_EVENT]  # the last chunk makes a batch, read at the end
+    passed, report = await aread_all(lib, fuse, chunks)
+    assert passed == chunks
+    assert_whole(report, fuse)
+
+
+# A stream that reported its usage, then went on past another batch border.
+REPORTED_THEN_MORE = [*up_to_a_border(), USAGE_EVENT, *up_to_a_border(), TEXT_EVENT]
+
+
+def test_a_stream_closed_early_after_batches_records_the_usage_seen(
+    lib: ModuleType, fuse: Fuse
+) -> None:
+    inner = Scripted(lib, [*REPORTED_THEN_MORE, *up_to_a_border(), DONE])
+    with (
+        lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        for number, _ in enumerate(response.iter_raw(), 1):
+            if number == len(REPORTED_THEN_MORE):
+                break  # the last chunk seen is in a batch no one has looked at yet
+    assert inner.log[-1] == "closed"
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+async def test_async_stream_closed_early_after_batches(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, [*REPORTED_THEN_MORE, *up_to_a_border(), DONE])
+    async with (
+        lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        number = 0
+        async for _ in response.aiter_raw():
+            number += 1
+            if number == len(REPORTED_THEN_MORE):
+                break
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+def test_an_error_midway_records_the_usage_seen_and_raises(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, REPORTED_THEN_MORE, fail_with=lib.ReadError("connection reset"))
+    with lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client:
+        response = client.send(client.build_request("POST", OPENAI_URL), stream=True)
+        with pytest.raises(lib.ReadError, match="connection reset"):
+            response.read()
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+async def test_async_error_midway_records_the_usage_seen(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, REPORTED_THEN_MORE, fail_with=lib.ReadError("connection reset"))
+    async with lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client:
+        response = await client.send(client.build_request("POST", OPENAI_URL), stream=True)
+        with pytest.raises(lib.ReadError, match="connection reset"):
+            await response.aread()
+        await response.aclose()
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+@pytest.mark.parametrize("odd", ["text", 7, None], ids=["str", "int", "None"])
+def test_a_chunk_that_is_not_bytes_is_passed_on_and_told(
+    lib: ModuleType, fuse: Fuse, odd: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It reaches the caller as it is and the stream flows on; its bytes cannot be read, so
+    the usage the rest reported is recorded, marked partial, with one warning."""
+    caplog.set_level(logging.WARNING, logger="tokenfuse")
+    chunks: list[Any] = [TEXT_EVENT, odd, *up_to_a_border(), odd, USAGE_EVENT, DONE]
+    inner = Scripted(lib, chunks)
+    with lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client:
+        response = client.send(client.build_request("POST", OPENAI_URL), stream=True)
+        passed = list(response.stream)  # the raw chunks, unchecked by the client
+        response.close()
+    assert passed == chunks
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+    warnings = [r.getMessage() for r in caplog.records if "not bytes" in r.getMessage()]
+    assert len(warnings) == 1 and type(odd).__name__ in warnings[0]
+    assert "skipped" in (response.extensions["tokenfuse"].usage.problem or "")

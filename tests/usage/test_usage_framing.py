@@ -7,6 +7,8 @@ import struct
 import zlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenfuse._usage.eventstream import parse_headers
 from tokenfuse._usage.model import UsageShape
@@ -313,3 +315,29 @@ def test_a_later_usage_key_without_counts_is_passed_over() -> None:
         b'"tools":[{"parameters":{"properties":{"usage":{"type":"string"}}}}]}'
     )
     assert chat(b"data: " + chunk + b"\n\n") == 5
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                b'"usage":null,',
+                b'"usage": null,',
+                b'"usage" : null,',
+                b'"usage":{"total_tokens":3},',
+                b'"usage": 7,',
+                b'"usage"',
+                b'"text":"a usage",',
+                b"\n\n",
+            ]
+        ),
+        max_size=30,
+    )
+)
+def test_the_first_valued_usage_key_is_found_as_the_regex_finds_it(parts: list[bytes]) -> None:
+    """``valued_at`` counts keys and null forms before it searches (and, with one key that is
+    not null, steps back from the end to it): the same answer as the regex, from the start."""
+    scanner = UsageScanner(OPENAI_SHAPE)
+    data = b"".join(parts)
+    expected = scanner._valued.search(data)
+    assert scanner.valued_at(data) == (-1 if expected is None else expected.start())

@@ -71,7 +71,8 @@ _STREAM_ERRORS = (
 _CARRY = max(len(mark) for mark in _STREAM_ERRORS) - 1
 #: An event stream's chunks are searched for the marks a batch at a time, once this many bytes
 #: have come: a stream has thousands of chunks of a few dozen bytes, and a search costs some
-#: 1.4k instructions however short the chunk, an append a tenth of that.
+#: 1.4k instructions however short the chunk, an append a tenth of that. (The transport's
+#: metered stream shows the watch bigger batches of its own; ``LoopStream`` shows it chunks.)
 _BATCH = 8 * 1024
 
 
@@ -190,7 +191,7 @@ class LoopWatch:
 
     def feeder(self, event_stream: bool) -> Callable[[bytes], None]:
         """What a streamed body's chunks are shown to: an event stream's errors are its marks
-        (``find``), any other body's its head (``keep``): each chunk pays for one of them."""
+        (``find``), any other body's its head (``keep``): each piece pays for one of them."""
         return self.find if event_stream else self.keep
 
     def feed(self, chunk: bytes) -> None:
@@ -215,14 +216,15 @@ class LoopWatch:
 
     def _search(self) -> None:
         # The window holds every mark that ends in this batch: the last _CARRY bytes before
-        # it, and it. A window without "error" nor "failed" (in every mark) holds none.
+        # it, and it. A window without "error" nor "response.failed" (one is in every mark)
+        # holds none; the longer a word, the further each step of the search skips.
         # Bytes are searched with ``find``, never ``in``: CPython first tries an ``in``
         # operand as an integer, and formats the TypeError it then drops.
         window = self._carry + b"".join(self._batch)
         self._batch.clear()
         self._batched = 0
         self._carry = window[-_CARRY:]
-        if self._marked or (window.find(b"error") < 0 and window.find(b"failed") < 0):
+        if self._marked or (window.find(b"error") < 0 and window.find(b"response.failed") < 0):
             return
         self._marked = any(window.find(mark) >= 0 for mark in _STREAM_ERRORS)
 
@@ -345,7 +347,7 @@ class LoopStep:
         stream = response.stream
         done = partial(self._note, watch)
         if isinstance(stream, MeteredStream) and stream.attach(feed, done):
-            return  # the meter's stream shows the watch its chunks: one generator for both
+            return  # the meter's stream shows the watch its batches: one generator for both
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
             stream, feed, done
         )

@@ -134,17 +134,21 @@ class Meter:
         else:
             reader.feed(body)
 
-    def collector(self) -> tuple[list[bytes], Callable[[], None]] | None:
-        """Where a stream puts every chunk, and what it calls once ``BATCH`` bytes of them are
-        there (and the reader's ``finish`` reads the rest): no Python call per chunk. None
-        when nothing reads the chunks (no reader, or one whose answer came with the headers).
-        """
+    def stream_reader(self) -> Callable[[bytes], None] | None:
+        """What a stream shows its body to, a batch of chunks at a time (any reader takes a body
+        in pieces cut anywhere). None when nothing reads it: no reader, or one whose answer
+        came with the headers."""
         reader = self._reader
         if reader is None or isinstance(reader, FixedReader):
             return None
-        if not isinstance(reader, FramedReader):
-            self._reader = reader = _Collected(reader)
-        return reader.batch, reader.flush
+        return reader.feed
+
+    def skipped(self, problem: str) -> None:
+        """Part of a streamed body cannot be read (``problem`` says why): the usage read from the
+        rest is partial. (Any other reader learns it from the settle: not complete.)"""
+        reader = self._reader
+        if isinstance(reader, FramedReader):
+            reader.skipped(problem)
 
     def finish(self, *, complete: bool) -> float | None:
         """End the reading: the amount to record, or None (nothing to record, or done before)."""
@@ -177,30 +181,6 @@ class Meter:
             return Usage.unknown(_UNKNOWN, self._failure, partial=not complete)
         self._reader = None
         return reader.finish(complete=complete)
-
-
-class _Collected:
-    """Any other reader (a guarded extractor's) behind a collector: its ``feed`` sees every
-    chunk, in order, a batch at a time, and the last batch before its ``finish``."""
-
-    __slots__ = ("_inner", "batch")
-
-    def __init__(self, inner: UsageReader) -> None:
-        self._inner = inner
-        self.batch: list[bytes] = []
-
-    def flush(self) -> None:
-        feed = self._inner.feed  # guarded: never raises
-        for chunk in self.batch:
-            feed(chunk)
-        self.batch.clear()
-
-    def feed(self, chunk: bytes) -> None:
-        self.batch.append(chunk)
-
-    def finish(self, *, complete: bool) -> Usage:
-        self.flush()
-        return self._inner.finish(complete=complete)
 
 
 class Metering:

@@ -119,25 +119,24 @@ class FramedReader:
     """The standard reader. Exceptions are caught here, once, so that a bug in a framer can
     never break the caller's response; they end reading with a problem.
 
-    Chunks are collected in ``batch`` and handed to the framer ``BATCH`` bytes at a time. A
-    stream wrapper may append to ``batch`` itself and call ``flush`` every ``BATCH`` bytes:
-    the same work as ``feed`` for every chunk, without a Python call per chunk.
+    Chunks are collected in ``_batch`` and handed to the framer ``BATCH`` bytes at a time
+    (a piece as big as that at once: the transport's streams feed a batch of their own).
     """
 
-    __slots__ = ("_acc", "_batched", "_feed", "_framer", "_result", "batch")
+    __slots__ = ("_acc", "_batch", "_batched", "_feed", "_framer", "_result")
 
     def __init__(self, framer: Framer, acc: Accumulator) -> None:
         self._framer = framer
         self._acc = acc
         self._feed: Callable[[bytes], None] = framer.feed
-        self.batch: list[bytes] = []  # chunks not yet handed to the framer
+        self._batch: list[bytes] = []  # chunks not yet handed to the framer
         self._batched = 0  # their length, as far as `feed` counted it
         self._result: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
         # The hot path, once per chunk: no more than remembering it.
         try:
-            self.batch.append(chunk)
+            self._batch.append(chunk)
             self._batched += len(chunk)
         except Exception:
             self._fail()
@@ -147,7 +146,7 @@ class FramedReader:
 
     def flush(self) -> None:
         """Hand the chunks collected so far to the framer."""
-        batch = self.batch
+        batch = self._batch
         if not batch:
             return
         try:
@@ -158,9 +157,14 @@ class FramedReader:
         except Exception:
             self._fail()
 
+    def skipped(self, problem: str) -> None:
+        """Part of the body is never to be fed (``problem`` says why): whatever else it reports
+        is read all the same, and the usage is partial."""
+        self._acc.stop(problem)
+
     def _fail(self) -> None:
         self._feed = _ignore
-        self.batch.clear()
+        self._batch.clear()
         self._acc.stop(INTERNAL_ERROR)
 
     def finish(self, *, complete: bool) -> Usage:

@@ -91,10 +91,29 @@ class UsageScanner:
             nulls = data.count(compact)
             if nulls != keys:
                 nulls += data.count(spaced)
+            if nulls == keys - 1 and len(self._nulls) == 1:  # the one key of the shape
+                return self._only_valued(data, key, compact, spaced)
             if nulls != keys:
                 valued = self._valued.search(data)
                 return -1 if valued is None else valued.start()
         return -1
+
+    def _only_valued(self, data: bytes, key: bytes, compact: bytes, spaced: bytes) -> int:
+        """`valued_at` when one occurrence of `key` is not in a null form: found from the end.
+
+        An OpenAI-style stream ends with its usage, after a run of `"usage":null`: the regex
+        would try every one of those keys on its way there; this steps back over the few
+        after it. The one occurrence decides: any other is null. (In JSON, occurrences of a
+        quoted key never overlap, so the counts saw them all.)
+        """
+        end = len(data)
+        while True:
+            at = data.rfind(key, 0, end)
+            if at < 0:
+                return -1  # not reached: the counts found one occurrence that is not null
+            if not (data.startswith(compact, at) or data.startswith(spaced, at)):
+                return at if self._valued.match(data, at) else -1
+            end = at
 
     def objects(self, data: bytes) -> Iterator[dict[str, object]]:
         """Candidate usage objects: for each container key, its occurrences from the last one
