@@ -3,7 +3,7 @@
 #
 #   scripts/redis-cluster.sh start DIR   # nodes on 127.0.0.1:7301-7303, files under DIR
 #                                        # (TOKENFUSE_CLUSTER_PORT=N: nodes on N..N+2)
-#   scripts/redis-cluster.sh stop DIR    # stops only the processes whose pidfiles are in DIR
+#   scripts/redis-cluster.sh stop DIR    # stops only the nodes whose pidfiles are in DIR
 #
 # Then: TOKENFUSE_CLUSTER_URL=redis://127.0.0.1:7301/0 pytest -m cluster
 # No persistence; each node has its own directory (config, pidfile, log) under DIR.
@@ -68,10 +68,12 @@ start() {
 }
 
 stop() {
+    # Every node started in DIR, whatever TOKENFUSE_CLUSTER_PORT says now: a stop run without
+    # the variable that started the cluster must not leave its nodes holding their ports.
     stopping=()
-    for port in "${PORTS[@]}"; do
-        pidfile="$dir/$port/redis.pid"
+    for pidfile in "$dir"/*/redis.pid; do
         [ -f "$pidfile" ] || continue
+        port=$(basename "$(dirname "$pidfile")")
         pid=$(cat "$pidfile")
         # Only that node: a stale pidfile must not kill whatever reused the PID.
         if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q "redis-server.*:$port" &&
