@@ -350,6 +350,51 @@ async def test_async_stream_closed_early_after_batches(lib: ModuleType, fuse: Fu
     assert_partial(response.extensions["tokenfuse"], fuse, 42)
 
 
+# The usage in a gathered piece, more chunks gathered after it, a few taken since: none of it
+# looked at yet (far less than BATCH bytes), all of it shown when the stream is settled.
+GATHERED_NOT_LOOKED_AT = [USAGE_EVENT, *[TEXT_EVENT] * (2 * GATHER + 3)]
+
+
+def test_a_stream_closed_before_its_first_look_records_the_gathered_usage(
+    lib: ModuleType, fuse: Fuse
+) -> None:
+    inner = Scripted(lib, [*GATHERED_NOT_LOOKED_AT, *up_to_a_border(), DONE])
+    with (
+        lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        for number, _ in enumerate(response.iter_raw(), 1):
+            if number == len(GATHERED_NOT_LOOKED_AT):
+                break
+    assert inner.log[-1] == "closed"
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+async def test_async_stream_closed_before_its_first_look(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, [*GATHERED_NOT_LOOKED_AT, *up_to_a_border(), DONE])
+    async with (
+        lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        number = 0
+        async for _ in response.aiter_raw():
+            number += 1
+            if number == len(GATHERED_NOT_LOOKED_AT):
+                break
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+def test_an_error_before_the_first_look_records_the_gathered_usage(
+    lib: ModuleType, fuse: Fuse
+) -> None:
+    inner = Scripted(lib, GATHERED_NOT_LOOKED_AT, fail_with=lib.ReadError("connection reset"))
+    with lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client:
+        response = client.send(client.build_request("POST", OPENAI_URL), stream=True)
+        with pytest.raises(lib.ReadError, match="connection reset"):
+            response.read()
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
 def test_an_error_midway_records_the_usage_seen_and_raises(lib: ModuleType, fuse: Fuse) -> None:
     inner = Scripted(lib, REPORTED_THEN_MORE, fail_with=lib.ReadError("connection reset"))
     with lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client:
