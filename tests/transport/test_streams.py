@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
-from types import ModuleType
-from typing import Any
+from types import ModuleType, SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from tokenfuse import Fuse
 from tokenfuse._transport import AsyncFuseTransport, FuseReport, FuseTransport
-from tokenfuse._transport.stream import BATCH
+from tokenfuse._transport.stream import BATCH, GATHER, AsyncMeteredStream, MeteredStream
 
 from .bodies import CASES, SSE, Case
 from .conftest import ChunkServer, split
@@ -224,7 +224,8 @@ def test_without_estimates_a_stream_without_usage_is_unknown_never_zero_and_warn
     assert "estimate=True" in warnings[0]  # says how to get an estimate instead
 
 
-# -- batches: the reader and the watch see the chunks a batch (BATCH bytes) at a time ----------
+# -- batches: the reader and the watch see the chunks a batch (BATCH bytes) at a time, measured
+# -- every GATHER chunks ----------------------------------------------------------------------
 
 OPENAI_URL = "https://api.openai.com/v1/chat/completions"
 TEXT_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"word "}}],"usage":null}\n\n'
@@ -236,8 +237,9 @@ DONE = b"data: [DONE]\n\n"
 
 
 def up_to_a_border() -> list[bytes]:
-    """Text events, one a chunk, and an SSE comment: one byte short of a batch."""
-    count = (BATCH - 1) // len(TEXT_EVENT) - 1
+    """Text events, one a chunk, and an SSE comment: one chunk short of a gather, one byte
+    short of a batch. The next chunk ends a batch."""
+    count = GATHER - 2
     pad = BATCH - 1 - count * len(TEXT_EVENT)
     return [TEXT_EVENT] * count + [b":" + b"p" * (pad - 3) + b"\n\n"]
 
@@ -348,6 +350,51 @@ async def test_async_stream_closed_early_after_batches(lib: ModuleType, fuse: Fu
     assert_partial(response.extensions["tokenfuse"], fuse, 42)
 
 
+# The usage in a gathered piece, more chunks gathered after it, a few taken since: none of it
+# looked at yet (far less than BATCH bytes), all of it shown when the stream is settled.
+GATHERED_NOT_LOOKED_AT = [USAGE_EVENT, *[TEXT_EVENT] * (2 * GATHER + 3)]
+
+
+def test_a_stream_closed_before_its_first_look_records_the_gathered_usage(
+    lib: ModuleType, fuse: Fuse
+) -> None:
+    inner = Scripted(lib, [*GATHERED_NOT_LOOKED_AT, *up_to_a_border(), DONE])
+    with (
+        lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        for number, _ in enumerate(response.iter_raw(), 1):
+            if number == len(GATHERED_NOT_LOOKED_AT):
+                break
+    assert inner.log[-1] == "closed"
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+async def test_async_stream_closed_before_its_first_look(lib: ModuleType, fuse: Fuse) -> None:
+    inner = Scripted(lib, [*GATHERED_NOT_LOOKED_AT, *up_to_a_border(), DONE])
+    async with (
+        lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client,
+        client.stream("POST", OPENAI_URL) as response,
+    ):
+        number = 0
+        async for _ in response.aiter_raw():
+            number += 1
+            if number == len(GATHERED_NOT_LOOKED_AT):
+                break
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
+def test_an_error_before_the_first_look_records_the_gathered_usage(
+    lib: ModuleType, fuse: Fuse
+) -> None:
+    inner = Scripted(lib, GATHERED_NOT_LOOKED_AT, fail_with=lib.ReadError("connection reset"))
+    with lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client:
+        response = client.send(client.build_request("POST", OPENAI_URL), stream=True)
+        with pytest.raises(lib.ReadError, match="connection reset"):
+            response.read()
+    assert_partial(response.extensions["tokenfuse"], fuse, 42)
+
+
 def test_an_error_midway_records_the_usage_seen_and_raises(lib: ModuleType, fuse: Fuse) -> None:
     inner = Scripted(lib, REPORTED_THEN_MORE, fail_with=lib.ReadError("connection reset"))
     with lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client:
@@ -385,3 +432,75 @@ def test_a_chunk_that_is_not_bytes_is_passed_on_and_told(
     warnings = [r.getMessage() for r in caplog.records if "not bytes" in r.getMessage()]
     assert len(warnings) == 1 and type(odd).__name__ in warnings[0]
     assert "skipped" in (response.extensions["tokenfuse"].usage.problem or "")
+
+
+class ShownBatches:
+    """A meter whose stream reader keeps each batch it is shown, with the number of chunks
+    the caller had been given by then."""
+
+    def __init__(self, given: list[bytes]) -> None:
+        self.given = given
+        self.batches: list[tuple[int, bytes]] = []
+        self.report = SimpleNamespace(done=False)
+
+    def stream_reader(self) -> Any:
+        return lambda data: self.batches.append((len(self.given), data))
+
+    def skipped(self, problem: str) -> None:
+        raise AssertionError(problem)
+
+    def settle(self, meter: Any, complete: bool) -> None:
+        assert meter is self and complete
+        self.report.done = True
+
+    async def asettle(self, meter: Any, complete: bool) -> None:
+        self.settle(meter, complete)
+
+
+SIZES = [1, 75, 999, BATCH + 1]
+
+
+def chunks_of(size: int) -> list[bytes]:
+    """A few batches of chunks of about ``size`` bytes, each of its own length and letter."""
+    chunks = [bytes([65 + n % 26]) * (size + n % 3) for n in range(5 * GATHER + 7)]
+    return chunks * max(1, 3 * BATCH // sum(map(len, chunks)))
+
+
+def assert_batched(meter: ShownBatches, chunks: list[bytes], size: int) -> None:
+    """Every byte shown once, in order; each batch but the last shown when a gather (every
+    GATHER chunks) found BATCH bytes or more, and none bigger than that bound allows."""
+    assert meter.given == chunks and meter.report.done
+    assert b"".join(data for _, data in meter.batches) == b"".join(chunks)
+    *inside, (_, last) = meter.batches
+    assert len(inside) >= 2
+    bound = BATCH + GATHER * (size + 2)  # less than BATCH bytes, then a gather's chunks
+    for given_then, data in inside:
+        assert given_then % GATHER == 0
+        assert BATCH <= len(data) < bound
+    assert len(last) < bound
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_batch_is_shown_once_a_gather_finds_batch_bytes(size: int) -> None:
+    chunks, given = chunks_of(size), []
+    meter = ShownBatches(given)
+    for chunk in MeteredStream(iter(chunks), cast(Any, meter), meter.settle):
+        assert chunk is chunks[len(given)]  # each chunk itself, at once
+        given.append(chunk)
+    assert_batched(meter, chunks, size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_async_a_batch_is_shown_once_a_gather_finds_batch_bytes(size: int) -> None:
+    chunks, given = chunks_of(size), []
+    meter = ShownBatches(given)
+
+    async def inner() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    stream = AsyncMeteredStream(cast(Any, inner()), cast(Any, meter), meter.asettle)
+    async for chunk in stream:
+        assert chunk is chunks[len(given)]
+        given.append(chunk)
+    assert_batched(meter, chunks, size)

@@ -7,7 +7,7 @@ import struct
 import zlib
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tokenfuse._usage.eventstream import parse_headers
@@ -334,6 +334,10 @@ def test_a_later_usage_key_without_counts_is_passed_over() -> None:
         max_size=30,
     )
 )
+# The first key's null form is counted first: spaced, then a mix, then a value after either.
+@example([b'"usage": null,', b'"usage": null,', b'"usage":{"total_tokens":3},'])
+@example([b'"usage": null,', b'"usage":null,', b'"usage": null,'])
+@example([b'"usage":null,', b'"usage": null,', b'"usage": 7,', b'"usage":null,'])
 def test_the_first_valued_usage_key_is_found_as_the_regex_finds_it(parts: list[bytes]) -> None:
     """``valued_at`` counts keys and null forms before it searches (and, with one key that is
     not null, steps back from the end to it): the same answer as the regex, from the start."""

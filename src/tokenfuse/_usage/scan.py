@@ -83,14 +83,20 @@ class UsageScanner:
         each) settles such runs without it: if some key has a value, the keys outnumber the
         null forms. (Counts skip overlapping occurrences; an occurrence hidden that way sits
         behind one that is not null either, so the inequality holds.)
+
+        The null form of the first key is counted first: a stream writes all its keys alike
+        (``json.dumps`` spaced, most servers compact), so the other form, a pass over the
+        data, is mostly not counted at all.
         """
         for key, compact, spaced in self._nulls:
             keys = data.count(key)
             if not keys:
                 continue
-            nulls = data.count(compact)
+            spaced_first = data.startswith(spaced, data.find(key))
+            likely, other = (spaced, compact) if spaced_first else (compact, spaced)
+            nulls = data.count(likely)
             if nulls != keys:
-                nulls += data.count(spaced)
+                nulls += data.count(other)
             if nulls == keys - 1 and len(self._nulls) == 1:  # the one key of the shape
                 return self._only_valued(data, key, compact, spaced)
             if nulls != keys:
