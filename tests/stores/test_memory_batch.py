@@ -63,3 +63,16 @@ def test_an_operation_that_raises_leaves_those_before_it_done(clock: Clock) -> N
         store.run_many([Record("k", 100.0, CEILING), object()])  # type: ignore[list-item]
     status = store.run(ReadStatus("k", CEILING, None))  # the lock was let go
     assert status.rate == 100.0
+
+
+def test_a_subclass_that_overrides_run_is_handed_each_operation_of_a_batch(clock: Clock) -> None:
+    seen: list[str] = []
+
+    class Counting(MemoryStore):
+        def run(self, op: Op[Any]) -> Any:
+            seen.append(op.name)
+            return super().run(op)
+
+    results = Counting(clock=clock).run_many(a_calls_steps())
+    assert seen == [op.name for op in a_calls_steps()]
+    assert results == MemoryStore(clock=clock).run_many(a_calls_steps())
