@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ._core.admission import AdmitVerdict
 from ._core.bucket import BucketPolicy, BucketVerdict
@@ -63,6 +63,19 @@ Who = str | Identity
 
 _DEFAULT_VELOCITY = VelocityPolicy()
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class _Names(NamedTuple):
+    """What a fuse calls one identity: its store key (under the fuse's name, ``fuse``) and its
+    key id, both from the identity's keyed hash (never the credential itself)."""
+
+    identity: Identity | None
+    fuse: str
+    key: str
+    key_id: str
+
+
+_NO_NAMES = _Names(None, "", "", "")
 
 
 # Not frozen: built on every guarded call, and frozen dataclasses pay a setattr per field.
@@ -137,6 +150,7 @@ class Fuse:
         # Never an attribute a repr or a debugger dump shows by name.
         self._secret = deployment_secret(secret, shared=not isinstance(self.store, MemoryStore))
         self.name = name
+        self._names = _NO_NAMES  # the last identity's (``_key``, ``_id``)
         self.velocity = velocity
         self.bucket = bucket
         self.fail_closed = fail_closed
@@ -483,11 +497,27 @@ class Fuse:
 
     # -- the operations ---------------------------------------------------------------------------
 
+    # One guarded call asks for its identity's key or key id about six times (its gate, its
+    # loop check, its record, each decision), and calls in a row are mostly one identity's:
+    # the last identity's names are kept, one tuple (swapped whole, so a thread never reads
+    # one identity's key with another's id), checked by identity (``is``: no hash, no eq).
+
     def _key(self, identity: Identity) -> str:
-        return f"{self.name}:{identity.keyed(self._secret).hex}"
+        names = self._names
+        if names.identity is not identity or names.fuse is not self.name:
+            names = self._named(identity)
+        return names.key
 
     def _id(self, identity: Identity) -> str:
-        return identity.keyed(self._secret).key_id
+        names = self._names
+        if names.identity is not identity:
+            names = self._named(identity)
+        return names.key_id
+
+    def _named(self, identity: Identity) -> _Names:
+        keyed = identity.keyed(self._secret)  # the HMAC, cached on the identity
+        names = self._names = _Names(identity, self.name, f"{self.name}:{keyed.hex}", keyed.key_id)
+        return names
 
     def _labelled(self, status: Status, identity: Identity) -> Status:
         return replace(status, key=identity.label, key_id=self._id(identity))

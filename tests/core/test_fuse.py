@@ -157,6 +157,29 @@ def test_identities_are_bounded_and_printable() -> None:
     assert len(Fuse()._key(identity)) == len("default:") + 32
 
 
+def test_each_identity_keeps_its_own_key_when_calls_alternate(clock: Clock) -> None:
+    # The fuse keeps the last identity's key and key id: a call for another must not get them.
+    secret = "a test secret of 32 characters.."
+    fuse = Fuse(MemoryStore(clock=clock), secret=secret)
+    a, b = Identity.named("agent-a"), Identity.secret("sk-proj-SECRETSECRET1234")
+    for who, amount in [(a, 100.0), (b, 5.0), (a, 100.0), (b, 5.0), (b, 5.0)]:
+        fuse.record(who, amount)
+    assert (fuse.status(a).rate, fuse.status(b).rate) == (200.0, 15.0)
+    fresh = Fuse(MemoryStore(clock=clock), secret=secret)  # derives each from scratch
+    assert [fuse.key_id(who) for who in (a, b, a)] == [fresh.key_id(who) for who in (a, b, a)]
+    assert fuse.key_id(a) != fuse.key_id(b)
+
+
+def test_a_renamed_fuse_counts_under_its_new_name(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    fuse = Fuse(store, name="before")
+    fuse.record("agent-a", 100.0)
+    fuse.name = "after"
+    fuse.record("agent-a", 7.0)
+    assert fuse.status("agent-a").rate == 7.0
+    assert Fuse(store, name="before").status("agent-a").rate == 100.0
+
+
 @pytest.mark.slow
 def test_a_million_identities_keep_memory_at_the_bound(clock: Clock) -> None:
     store = MemoryStore(max_keys=10_000, clock=clock)

@@ -200,8 +200,17 @@ class MemoryStore:
         return self.run(op)
 
     def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
-        """Run several operations, in order (``RedisStore`` sends them as one pipeline)."""
-        return [self.run(op) for op in ops]
+        """Run several operations, in order (``RedisStore`` sends them as one pipeline): under
+        one hold of the lock, at one reading of the clock. They are one call's steps (its
+        gate and loop check, its record and note), so one moment, and no other thread's
+        operation comes between them; an operation that raises leaves those before it done."""
+        if type(self).run is not MemoryStore.run:
+            # A subclass that overrides ``run`` (a store that counts or fails operations) has
+            # always been handed each operation of a batch too: it still is.
+            return [self.run(op) for op in ops]
+        with self._lock:
+            now = self.clock()
+            return [_APPLY[type(op)](self, op, now) for op in ops]
 
     async def arun_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
         return self.run_many(ops)

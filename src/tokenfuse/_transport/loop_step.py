@@ -268,10 +268,10 @@ class LoopStep:
 
     # -- before sending ---------------------------------------------------------------------
 
-    def _name(self, request: Any) -> tuple[CallName, bytes, Any] | None:
+    def _name(self, breaker: LoopBreaker, request: Any) -> tuple[CallName, bytes, Any] | None:
         """The call's name, its body and the body parsed (None: a JSON value, else None)."""
         body = sent_body(request)
-        if not body or self.breaker is None:
+        if not body:
             return None
         url = request.url
         try:
@@ -280,7 +280,7 @@ class LoopStep:
         except Exception:
             return None
         parsed = parsed_body(body)
-        return self.breaker.name(request.method, host, path, body, parsed), body, parsed[1]
+        return breaker.name(request.method, host, path, body, parsed), body, parsed[1]
 
     def _tool_loop(
         self, identity: Identity, call: CallName, body: bytes, parsed: Any, request: Any
@@ -304,12 +304,15 @@ class LoopStep:
         """The call's check, to run in the transport's one round trip before sending (with
         the gate and the run budgets' reservations); refuses a tool-call loop at once (no
         store needed). None: nothing to check."""
-        named = self._name(request)
-        if named is None or self.breaker is None:
+        breaker = self.breaker
+        if breaker is None:  # the breaker is off: the body is not even read
+            return None
+        named = self._name(breaker, request)
+        if named is None:
             return None
         call, body, parsed = named
         self._tool_loop(identity, call, body, parsed, request)
-        check = self.breaker.prepare(identity, call, local=self.count_after)
+        check = breaker.prepare(identity, call, local=self.count_after)
         check.body = parsed
         return check
 
