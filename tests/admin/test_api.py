@@ -14,14 +14,28 @@ from tokenfuse import Fuse
 from tokenfuse._dashboard.auth import Gatekeeper
 from tokenfuse._errors import ConfigurationError
 from tokenfuse._identity import Identity
+from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_codec import key_of
 
 pytestmark = pytest.mark.redis
+
+WAIT = 5.0  # seconds an announcement may take to arrive on a busy machine
 
 
 @pytest.fixture
 def loop() -> str:
     """The key id of ``agent-loop`` under the tests' deployment secret."""
     return Identity.named("agent-loop").key_id
+
+
+def view_hears(fuse: Fuse, who: str, *, open_: bool) -> bool:
+    """Whether ``fuse``'s open-key view holds ``who``'s key as open (or, ``open_=False``, as
+    not open) within ``WAIT`` seconds: trips and resets reach other processes by an
+    announcement, not at once."""
+    store = fuse.store
+    assert isinstance(store, RedisStore) and store.open_keys is not None
+    key = key_of(store.prefix, fuse._key(Identity.of(who)))
+    return store.open_keys.wait_until(lambda view: (key in view._open) is open_, WAIT)
 
 
 async def trip(fuse: Fuse) -> None:
@@ -52,10 +66,14 @@ async def test_a_key_reset_from_the_api_is_closed_for_every_process(
 ) -> None:
     await trip(other_process)
     assert not other_process.gate("agent-loop").allowed
+    assert view_hears(other_process, "agent-loop", open_=True)
 
     answer = await api.post(f"/api/keys/{loop}/reset")
 
     assert answer.json() == {"ok": True, "key_id": loop, "done": "reset"}
+    # The other process learns of the reset from its announcement (milliseconds, but a loaded
+    # machine may take longer): its open-key view answers its gates once the message is in.
+    assert view_hears(other_process, "agent-loop", open_=False)
     assert other_process.gate("agent-loop").allowed
     detail = (await api.get(f"/api/keys/{loop}")).json()
     assert detail["key"]["state"] != "open"
