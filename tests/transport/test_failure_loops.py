@@ -659,3 +659,62 @@ def test_a_failure_loop_survives_pickling(fuse: Fuse) -> None:
         caught.value.count,
         caught.value.store_key,
     )
+
+
+def _watch_of_marks() -> Any:
+    from tokenfuse._loops import CallName
+    from tokenfuse._transport.loop_step import LoopWatch
+
+    return LoopWatch(Identity.named("a"), CallName("0" * 16, "POST", "/"), False)
+
+
+@pytest.mark.parametrize("big", [True, False], ids=["batch-sized pieces", "small chunks"])
+def test_a_mark_across_the_seam_of_two_pieces_is_found_at_every_offset(big: bool) -> None:
+    """A piece as big as a batch (the metered stream's) is searched where it lies, and the
+    seam with the piece before it apart; small chunks are batched first. Either way a mark
+    split anywhere across the border of two pieces is found, and a word that only looks like
+    one is not."""
+    from tokenfuse._transport import loop_step
+
+    size = loop_step._BATCH if big else 40  # each piece's length, the mark's part included
+    for mark in loop_step._STREAM_ERRORS:
+        for inside in range(1, len(mark)):  # this many bytes of the mark in the first piece
+            first = b"x" * (size - inside) + mark[:inside]
+            second = mark[inside:] + b"y" * (size - len(mark) + inside)
+            watch = _watch_of_marks()
+            watch.find(first)
+            watch.find(second)
+            assert watch.marked, (mark, inside)
+            clean = _watch_of_marks()  # the same border, the mark's last byte changed
+            clean.find(first)
+            clean.find(second[: len(mark) - inside - 1] + b"!" + second[len(mark) - inside :])
+            assert not clean.marked, (mark, inside)
+
+
+@pytest.mark.parametrize("size", [8, 100, 8 * 1024, 40 * 1024])
+def test_a_mark_wholly_inside_a_piece_is_found_and_none_is_not(size: int) -> None:
+    marked, clean = _watch_of_marks(), _watch_of_marks()
+    for at in range(4):
+        piece = b'data: {"delta": "an error-free chunk"}\n\n' * (size // 40 + 1)
+        marked.find(piece[:size] if at < 3 else b'data: {"error": {}}\n\n' + piece[:size])
+        clean.find(piece[:size])
+    assert marked.marked
+    assert not clean.marked
+
+
+def test_marked_answers_after_each_partial_feed() -> None:
+    """``marked`` searches the chunks put aside so far, and the search goes on after it: a
+    mark split across a chunk it searched and the next is still found."""
+    from tokenfuse._transport import loop_step
+
+    watch = _watch_of_marks()
+    watch.find(b"data: {}\n\nevent: er")  # small: put aside
+    assert not watch.marked
+    watch.find(b"ror\n")  # the mark's end, seamed to what ``marked`` searched
+    assert watch.marked
+    big = _watch_of_marks()
+    big.find(b"x" * loop_step._BATCH + b'data: {"err')
+    assert not big.marked
+    big.find(b'or"')
+    assert big.marked
+    assert big.marked  # asked again: no more to search, the answer kept
