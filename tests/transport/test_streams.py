@@ -319,59 +319,37 @@ async def test_async_usage_in_the_last_chunk_is_read(lib: ModuleType, fuse: Fuse
 
 # A stream that reported its usage, then went on past another batch border.
 REPORTED_THEN_MORE = [*up_to_a_border(), USAGE_EVENT, *up_to_a_border(), TEXT_EVENT]
-
-
-def test_a_stream_closed_early_after_batches_records_the_usage_seen(
-    lib: ModuleType, fuse: Fuse
-) -> None:
-    inner = Scripted(lib, [*REPORTED_THEN_MORE, *up_to_a_border(), DONE])
-    with (
-        lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client,
-        client.stream("POST", OPENAI_URL) as response,
-    ):
-        for number, _ in enumerate(response.iter_raw(), 1):
-            if number == len(REPORTED_THEN_MORE):
-                break  # the last chunk seen is in a batch no one has looked at yet
-    assert inner.log[-1] == "closed"
-    assert_partial(response.extensions["tokenfuse"], fuse, 42)
-
-
-async def test_async_stream_closed_early_after_batches(lib: ModuleType, fuse: Fuse) -> None:
-    inner = Scripted(lib, [*REPORTED_THEN_MORE, *up_to_a_border(), DONE])
-    async with (
-        lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client,
-        client.stream("POST", OPENAI_URL) as response,
-    ):
-        number = 0
-        async for _ in response.aiter_raw():
-            number += 1
-            if number == len(REPORTED_THEN_MORE):
-                break
-    assert_partial(response.extensions["tokenfuse"], fuse, 42)
-
-
 # The usage in a gathered piece, more chunks gathered after it, a few taken since: none of it
 # looked at yet (far less than BATCH bytes), all of it shown when the stream is settled.
 GATHERED_NOT_LOOKED_AT = [USAGE_EVENT, *[TEXT_EVENT] * (2 * GATHER + 3)]
+# The chunks a caller reads before closing the stream: the last one seen is in a batch no one
+# has looked at yet.
+SEEN_BEFORE_CLOSING = pytest.mark.parametrize(
+    "seen", [REPORTED_THEN_MORE, GATHERED_NOT_LOOKED_AT], ids=["after-batches", "before-a-look"]
+)
 
 
-def test_a_stream_closed_before_its_first_look_records_the_gathered_usage(
-    lib: ModuleType, fuse: Fuse
+@SEEN_BEFORE_CLOSING
+def test_a_stream_closed_early_records_the_usage_seen(
+    lib: ModuleType, fuse: Fuse, seen: list[bytes]
 ) -> None:
-    inner = Scripted(lib, [*GATHERED_NOT_LOOKED_AT, *up_to_a_border(), DONE])
+    inner = Scripted(lib, [*seen, *up_to_a_border(), DONE])
     with (
         lib.Client(transport=FuseTransport(inner, fuse=fuse)) as client,
         client.stream("POST", OPENAI_URL) as response,
     ):
         for number, _ in enumerate(response.iter_raw(), 1):
-            if number == len(GATHERED_NOT_LOOKED_AT):
+            if number == len(seen):
                 break
     assert inner.log[-1] == "closed"
     assert_partial(response.extensions["tokenfuse"], fuse, 42)
 
 
-async def test_async_stream_closed_before_its_first_look(lib: ModuleType, fuse: Fuse) -> None:
-    inner = Scripted(lib, [*GATHERED_NOT_LOOKED_AT, *up_to_a_border(), DONE])
+@SEEN_BEFORE_CLOSING
+async def test_async_stream_closed_early_records_the_usage_seen(
+    lib: ModuleType, fuse: Fuse, seen: list[bytes]
+) -> None:
+    inner = Scripted(lib, [*seen, *up_to_a_border(), DONE])
     async with (
         lib.AsyncClient(transport=AsyncFuseTransport(inner, fuse=fuse)) as client,
         client.stream("POST", OPENAI_URL) as response,
@@ -379,7 +357,7 @@ async def test_async_stream_closed_before_its_first_look(lib: ModuleType, fuse: 
         number = 0
         async for _ in response.aiter_raw():
             number += 1
-            if number == len(GATHERED_NOT_LOOKED_AT):
+            if number == len(seen):
                 break
     assert_partial(response.extensions["tokenfuse"], fuse, 42)
 
