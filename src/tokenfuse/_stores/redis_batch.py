@@ -20,14 +20,16 @@ A cluster client (commands routed to each key's node) and a client on a single c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-__all__ = ["Command", "asend_all", "send_all"]
+__all__ = ["Command", "asend_all", "on_pooled_connection", "on_pooled_connection_async", "send_all"]
+
+T = TypeVar("T")
 
 #: One command: its name and arguments (``("EVALSHA", sha, 1, key, *args)``).
 Command = Sequence[Any]
@@ -37,14 +39,7 @@ def send_all(client: Any, commands: Sequence[Command]) -> list[Any]:
     """The replies of ``commands``, sent in one round trip; error replies in their places."""
     if type(client) is not redis.Redis or client.connection is not None:
         return _pipelined(client, commands)
-    pool: Any = client.connection_pool  # redis-py's own pool, typed loosely there
-    connection = pool.get_connection()
-    try:
-        return connection.retry.call_with_retry(  # type: ignore[no-any-return]
-            lambda: _exchange(connection, commands), lambda error: connection.disconnect()
-        )
-    finally:
-        pool.release(connection)
+    return on_pooled_connection(client, lambda connection: _exchange(connection, commands))
 
 
 async def asend_all(client: Any, commands: Sequence[Command]) -> list[Any]:
@@ -52,11 +47,32 @@ async def asend_all(client: Any, commands: Sequence[Command]) -> list[Any]:
     # (its one connection is made at its first command: ask the option, not the connection)
     if type(client) is not redis.asyncio.Redis or client.single_connection_client:
         return await _apipelined(client, commands)
+    return await on_pooled_connection_async(
+        client, lambda connection: _aexchange(connection, commands)
+    )
+
+
+def on_pooled_connection(client: Any, exchange: Callable[[Any], T]) -> T:
+    """``exchange(connection)`` on a connection of ``client``'s own pool (a plain client's),
+    under the connection's retry: a connection error disconnects it before the retry, which
+    reconnects; the connection goes back to the pool whatever happened."""
+    pool: Any = client.connection_pool  # redis-py's own pool, typed loosely there
+    connection = pool.get_connection()
+    try:
+        return connection.retry.call_with_retry(  # type: ignore[no-any-return]
+            lambda: exchange(connection), lambda error: connection.disconnect()
+        )
+    finally:
+        pool.release(connection)
+
+
+async def on_pooled_connection_async(client: Any, exchange: Callable[[Any], Awaitable[T]]) -> T:
+    """``on_pooled_connection`` for an asyncio client."""
     pool: Any = client.connection_pool
     connection = await pool.get_connection()
     try:
         return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
-            lambda: _aexchange(connection, commands), lambda error: connection.disconnect()
+            lambda: exchange(connection), lambda error: connection.disconnect()
         )
     finally:
         await pool.release(connection)

@@ -4,7 +4,8 @@ redis-py's ``execute_command`` wraps every command in work a decision does not u
 metrics recorder (called whether metrics are on or not), a closure per call, a check for
 HIMPORT's arguments, the response-callback lookup. For a plain ``redis.Redis`` or
 ``redis.asyncio.Redis`` (its own pool: no cluster, no single-connection client) a script
-call here does what ``execute_command`` does with the same redis-py pieces:
+call here does what ``execute_command`` does with the same redis-py pieces, on a pooled
+connection as a batch of commands is sent (``redis_batch.on_pooled_connection``):
 
 * a connection from the client's pool, which waits for one or raises when the pool stays
   exhausted (``StoreBusy``, as through ``execute_command``);
@@ -30,6 +31,8 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from .redis_batch import on_pooled_connection, on_pooled_connection_async
+
 try:
     from redis.observability.providers import get_observability_instance
 except ImportError:  # pragma: no cover - depends on the redis-py installed
@@ -46,14 +49,14 @@ def sync_sender(client: Any) -> SyncSend:
     """How ``client`` sends a script call: on its pool directly when it is plain."""
     if not _plain(client, redis.Redis):
         return functools.partial(_through_client, client)
-    return functools.partial(_send, client, client.connection_pool)
+    return functools.partial(_send, client)
 
 
 def async_sender(client: Any) -> AsyncSend:
     """``sync_sender`` for an asyncio client."""
     if not _plain(client, redis.asyncio.Redis):
         return functools.partial(_athrough_client, client)
-    return functools.partial(_asend, client, client.connection_pool)
+    return functools.partial(_asend, client)
 
 
 def _plain(client: Any, kind: type[Any]) -> bool:
@@ -84,17 +87,10 @@ async def _athrough_client(client: Any, command: tuple[Any, ...]) -> Any:
     return await client.execute_command(*command)
 
 
-def _send(client: Any, pool: Any, command: tuple[Any, ...]) -> Any:
+def _send(client: Any, command: tuple[Any, ...]) -> Any:
     if _watched(client):
         return client.execute_command(*command)
-    connection = pool.get_connection()
-    try:
-        return connection.retry.call_with_retry(
-            functools.partial(_exchange, connection, command),
-            functools.partial(_drop, connection),
-        )
-    finally:
-        pool.release(connection)
+    return on_pooled_connection(client, functools.partial(_exchange, command=command))
 
 
 def _exchange(connection: Any, command: tuple[Any, ...]) -> Any:
@@ -102,30 +98,12 @@ def _exchange(connection: Any, command: tuple[Any, ...]) -> Any:
     return connection.read_response()
 
 
-def _drop(connection: Any, error: BaseException) -> None:
-    """Before a retry, as ``execute_command``: the next attempt reconnects."""
-    connection.disconnect()
-
-
-async def _asend(client: Any, pool: Any, command: tuple[Any, ...]) -> Any:
+async def _asend(client: Any, command: tuple[Any, ...]) -> Any:
     if _watched(client):
         return await client.execute_command(*command)
-    connection = await pool.get_connection()
-    try:
-        return await connection.retry.call_with_retry(
-            functools.partial(_aexchange, connection, command),
-            functools.partial(_adrop, connection),
-        )
-    finally:
-        await pool.release(connection)
+    return await on_pooled_connection_async(client, functools.partial(_aexchange, command=command))
 
 
 async def _aexchange(connection: Any, command: tuple[Any, ...]) -> Any:
     await connection.send_command(*command)
     return await connection.read_response()
-
-
-async def _adrop(connection: Any, error: BaseException) -> None:
-    """Before a retry, as ``execute_command``: the next attempt reconnects. (It also hands
-    the error to ``disconnect``, for redis-py's metrics alone: off on this path.)"""
-    await connection.disconnect()
