@@ -44,7 +44,7 @@ from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
 from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, LoopNote
-from .compat import Flavor
+from .compat import Flavor, header_entries
 from .recorder import Recorder
 from .refusal import Gatekeeper
 from .stream import AsyncMeteredStream, MeteredStream, _of_library
@@ -116,15 +116,33 @@ def _error_type(error: Any) -> str:
     return ""
 
 
+# The two headers below are read from the library's own entries (``header_entries``): an
+# httpx ``headers.get`` lower-cases the name, decodes every value matching it with the
+# headers' encoding (worked out by decoding them all) and joins them, some 1.3 µs a call; a
+# scan of the raw entries reads the same answer in a third of that.
+
+
 def _event_stream(response: Any) -> bool:
-    return "text/event-stream" in response.headers.get("content-type", "")
+    """Whether the response's content type is an event stream: ``"text/event-stream" in
+    headers.get("content-type", "")``. The mark is ASCII, with neither comma nor space, so
+    it is in the joined, decoded values exactly when it is in one raw value."""
+    for _, name, value in header_entries(response.headers):
+        if name == b"content-type" and value.find(b"text/event-stream") >= 0:
+            return True
+    return False
 
 
 def _is_retry(request: Any) -> bool:
-    # One ``get``, not ``in`` then ``get``: the SDKs that send this header send it with every
-    # call (0 on the first try), and each httpx look-up costs thousands of instructions.
-    count = request.headers.get("x-stainless-retry-count", "0")
-    return count not in ("", "0")
+    """Whether the request is an SDK's retry: ``headers.get("x-stainless-retry-count", "0")``
+    is neither "" nor "0". The SDKs send this header with every call (0 on the first try);
+    sent twice, ``get`` joins the values (``"0, 0"``): a retry, as here."""
+    count = None
+    for _, name, value in header_entries(request.headers):
+        if name == b"x-stainless-retry-count":
+            if count is not None:
+                return True
+            count = value
+    return count is not None and count not in (b"", b"0")
 
 
 class LoopWatch:
@@ -173,7 +191,7 @@ class LoopWatch:
 
     def answered(self, response: Any) -> None:
         """The response came: kept, with whether it is an event stream, read from its headers
-        once (each look-up in httpx's headers costs thousands of instructions)."""
+        once (``_event_stream``)."""
         self.response = response
         self.event_stream = _event_stream(response)
 
