@@ -111,6 +111,7 @@ VOLATILE = frozenset(
 #: Tool-call *arguments* are kept whole (their own ``id`` fields included).
 ID_FIELDS = frozenset({"id", "tool_call_id", "call_id", "tool_use_id", "cache_control"})
 _ITEM_LISTS = ("messages", "input", "contents")
+_ITEMS = frozenset(_ITEM_LISTS)
 _NESTED_LISTS = ("content", "tool_calls")
 
 #: Refusal reasons (``LoopVerdict.reason``), coded as the Lua replies them.
@@ -158,6 +159,8 @@ def normalised(body: Any) -> Any:
     kept = body
     if not VOLATILE.isdisjoint(body):
         kept = {key: value for key, value in body.items() if key not in VOLATILE}
+    if _ITEMS.isdisjoint(kept):  # no history to strip (an embedding, a plain completion)
+        return kept
     for name in _ITEM_LISTS:
         items = kept.get(name)
         if isinstance(items, list):
@@ -465,13 +468,15 @@ def _evict(state: LoopState, now: float) -> None:
 
 
 def _call(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> LoopCall:
-    """The call's record, a new one if it has none (making room first)."""
-    call = _find(state, fingerprint)
-    if call is None:
-        while len(state.calls) >= p.max_calls:
-            _evict(state, now)
-        call = LoopCall(fingerprint, now)
-        state.calls.append(call)
+    """The call's record, a new one if it has none (making room first). (``_find``, written
+    out: every check and note of a call comes here.)"""
+    for call in state.calls:
+        if call.fingerprint == fingerprint:
+            return call
+    while len(state.calls) >= p.max_calls:
+        _evict(state, now)
+    call = LoopCall(fingerprint, now)
+    state.calls.append(call)
     return call
 
 
@@ -507,7 +512,7 @@ def _peek(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> Loop
     """``check`` with ``count=False``: the refusal of a refused call, else allowed (with the
     failures counted so far); nothing is changed, nothing is pruned, nothing is made."""
     call = _find(state, fingerprint)
-    if call is None or not _kept(call, now, p.keep):
+    if call is None or (now - call.last_seen > p.keep and not _kept(call, now, p.keep)):
         return LoopVerdict()
     if call.open_until > now:
         return _refused(call, now, p)
@@ -526,7 +531,8 @@ def check(
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
-    _cooled(call, now)
+    if call.open_until > 0:  # (most calls never tripped: ``_cooled`` has nothing to do)
+        _cooled(call, now)
     if call.open_until > now:
         return _refused(call, now, p)
     _new_sends(call, now, p)
@@ -570,7 +576,8 @@ def note(
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
-    _cooled(call, now)
+    if call.open_until > 0:  # (as in ``check``)
+        _cooled(call, now)
     repeated = False
     if send:
         _new_sends(call, now, p)

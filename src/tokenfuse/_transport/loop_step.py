@@ -265,21 +265,6 @@ def _holds_mark(window: bytes) -> bool:
     return any(window.find(mark) >= 0 for mark in _STREAM_ERRORS)
 
 
-def _watch(
-    check: LoopCheck, identity: Identity, verdict: LoopVerdict | None, request: Any, send: bool
-) -> LoopWatch | None:
-    """The watch of a call that was let through. An SDK's retry is noted only to count its
-    send (``send``: the check did not), never its outcome; None when there is nothing to."""
-    retry = _is_retry(request)
-    if retry and not send:
-        return None
-    watch = LoopWatch(identity, check.call, verdict is not None and verdict.failures > 0)
-    watch.send = send
-    watch.judged = not retry
-    watch.key = check.op.key
-    return watch
-
-
 class LoopStep:
     """The transport's failure-loop step (None policy: a step that does nothing).
 
@@ -358,14 +343,23 @@ class LoopStep:
         """Refuse a looping call on its check's verdict (``found``; None when the store was not
         asked or failed: the gate's decision counted that, and the call goes unchecked), or
         the watch of the call."""
-        if check is None or self.breaker is None:
+        breaker = self.breaker
+        if check is None or breaker is None:
             return None
+        if found is not None:
+            self._gate.check(breaker.concluded(identity, check, found), request)
+        # The call was let through: its watch. An SDK's retry is noted only to count its send
+        # (``send``: the check did not), never its outcome; no watch when there is nothing to.
         send = self.count_after
-        if found is None:
-            return _watch(check, identity, None, request, send)
-        decision = self.breaker.concluded(identity, check, found)
-        self._gate.check(decision, request)
-        return _watch(check, identity, found, request, send)
+        retry = _is_retry(request)
+        if retry and not send:
+            return None
+        verdict: LoopVerdict | None = found
+        watch = LoopWatch(identity, check.call, verdict is not None and verdict.failures > 0)
+        watch.send = send
+        watch.judged = not retry
+        watch.key = check.op.key
+        return watch
 
     # -- after the response -------------------------------------------------------------------
 
