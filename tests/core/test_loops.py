@@ -290,7 +290,10 @@ def test_the_fingerprint_normalises_as_copying_everything_would() -> None:
 @pytest.mark.parametrize("size", [1, 32, 63, 64, 65, 200])
 def test_the_fingerprint_is_hmac_sha256_for_any_secret(size: int) -> None:
     secret = bytes(range(256))[:size]
-    for body in (b"", json.dumps(CHAT).encode(), b"not json", b"x" * 70_000):
+    bodies = (b"", json.dumps(CHAT).encode(), b"not json", b"x" * 70_000)
+    # Twice over, each body after the others: the call's first line is hashed once and kept
+    # (``_headed``), and no call may change what the next one starts from.
+    for body in bodies + bodies[::-1]:
         mac = hmac.new(secret, digestmod=hashlib.sha256)
         mac.update(b"POST api.openai.com /v1/chat/completions\n")
         if body:
@@ -301,6 +304,10 @@ def test_the_fingerprint_is_hmac_sha256_for_any_secret(size: int) -> None:
                 mac.update(b"bytes %d\n" % len(body) + body)
         expected = mac.hexdigest()[: loops.FINGERPRINT_LENGTH]
         assert fingerprint(secret, "POST", "api.openai.com", "/v1/chat/completions", body) == (
+            expected
+        )
+        # The method and the host are named in any case: the same call.
+        assert fingerprint(secret, "post", "API.openai.com", "/v1/chat/completions", body) == (
             expected
         )
 

@@ -111,6 +111,7 @@ VOLATILE = frozenset(
 #: Tool-call *arguments* are kept whole (their own ``id`` fields included).
 ID_FIELDS = frozenset({"id", "tool_call_id", "call_id", "tool_use_id", "cache_control"})
 _ITEM_LISTS = ("messages", "input", "contents")
+_ITEMS = frozenset(_ITEM_LISTS)
 _NESTED_LISTS = ("content", "tool_calls")
 
 #: Refusal reasons (``LoopVerdict.reason``), coded as the Lua replies them.
@@ -132,10 +133,11 @@ def _strip(item: Any) -> Any:
     """A message or item without its ids, nor those of its content blocks and tool calls.
 
     Only what holds an id is copied: most messages and blocks have none, and are kept as
-    they are (the canonical JSON of a dict and of its copy is the same)."""
-    kept = _without_ids(item)
-    if not isinstance(kept, dict):
-        return kept
+    they are (the canonical JSON of a dict and of its copy is the same). ``_without_ids`` of
+    the item is written out: this runs for every message of a conversation."""
+    if not isinstance(item, dict):
+        return item
+    kept = item if ID_FIELDS.isdisjoint(item) else _without_ids(item)
     for name in _NESTED_LISTS:
         nested = kept.get(name)
         if isinstance(nested, list) and nested:
@@ -157,6 +159,8 @@ def normalised(body: Any) -> Any:
     kept = body
     if not VOLATILE.isdisjoint(body):
         kept = {key: value for key, value in body.items() if key not in VOLATILE}
+    if _ITEMS.isdisjoint(kept):  # no history to strip (an embedding, a plain completion)
+        return kept
     for name in _ITEM_LISTS:
         items = kept.get(name)
         if isinstance(items, list):
@@ -266,6 +270,19 @@ def _keyed(secret: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
     return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
 
 
+@functools.lru_cache(maxsize=256)
+def _headed(
+    secret: bytes, method: str, host: str, path: str
+) -> tuple[hashlib._Hash, hashlib._Hash]:
+    """``_keyed(secret)``'s inner state after the call's first line (method, host, path), and
+    its outer state. A client calls a few endpoints again and again: the line is made and
+    hashed once per endpoint, not per call (bounded: a path may carry an id)."""
+    inner, outer = _keyed(secret)
+    mac = inner.copy()
+    mac.update(f"{method.upper()} {host.lower()} {path}\n".encode("utf-8", "surrogatepass"))
+    return mac, outer
+
+
 def fingerprint(
     secret: bytes,
     method: str,
@@ -277,9 +294,8 @@ def fingerprint(
     """The call's fingerprint: 16 hex characters, keyed with ``secret``. Never raises.
 
     ``parsed`` is ``parsed_body(body)`` when the caller has it already."""
-    inner, outer = _keyed(secret)
-    mac = inner.copy()
-    mac.update(f"{method.upper()} {host.lower()} {path}\n".encode("utf-8", "surrogatepass"))
+    head, outer = _headed(secret, method, host, path)
+    mac = head.copy()
     if body:
         is_json, value = parsed if parsed is not None else parsed_body(body)
         canonical = _canonical(value) if is_json else None
@@ -324,6 +340,10 @@ class LoopPolicy:
     """Refuse a repeat loop (else it is reported, as an event, and let through)."""
     max_calls: int = 16
     """Calls remembered per identity."""
+    keep: float = field(init=False, repr=False, compare=False)
+    """How long an untouched call that neither is refused nor tripped within
+    ``ESCALATION_WINDOW`` is remembered: the longer window. Worked out once, with the policy
+    (every check and note reads it)."""
 
     def __post_init__(self) -> None:
         for name, least in (("failures", 2), ("repeats", 2), ("max_calls", 1)):
@@ -351,12 +371,8 @@ class LoopPolicy:
             raise ConfigurationError(
                 f"refuse_repeats must be True or False, not {self.refuse_repeats!r}"
             )
-
-    @property
-    def keep(self) -> float:
-        """How long an untouched call that neither is refused nor tripped within
-        ``ESCALATION_WINDOW`` is remembered."""
-        return max(float(self.failure_window), float(self.repeat_window))
+        keep = max(float(self.failure_window), float(self.repeat_window))
+        object.__setattr__(self, "keep", keep)
 
 
 @dataclass(slots=True)
@@ -452,13 +468,15 @@ def _evict(state: LoopState, now: float) -> None:
 
 
 def _call(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> LoopCall:
-    """The call's record, a new one if it has none (making room first)."""
-    call = _find(state, fingerprint)
-    if call is None:
-        while len(state.calls) >= p.max_calls:
-            _evict(state, now)
-        call = LoopCall(fingerprint, now)
-        state.calls.append(call)
+    """The call's record, a new one if it has none (making room first). (``_find``, written
+    out: every check and note of a call comes here.)"""
+    for call in state.calls:
+        if call.fingerprint == fingerprint:
+            return call
+    while len(state.calls) >= p.max_calls:
+        _evict(state, now)
+    call = LoopCall(fingerprint, now)
+    state.calls.append(call)
     return call
 
 
@@ -494,7 +512,7 @@ def _peek(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> Loop
     """``check`` with ``count=False``: the refusal of a refused call, else allowed (with the
     failures counted so far); nothing is changed, nothing is pruned, nothing is made."""
     call = _find(state, fingerprint)
-    if call is None or not _kept(call, now, p.keep):
+    if call is None or (now - call.last_seen > p.keep and not _kept(call, now, p.keep)):
         return LoopVerdict()
     if call.open_until > now:
         return _refused(call, now, p)
@@ -513,7 +531,8 @@ def check(
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
-    _cooled(call, now)
+    if call.open_until > 0:  # (most calls never tripped: ``_cooled`` has nothing to do)
+        _cooled(call, now)
     if call.open_until > now:
         return _refused(call, now, p)
     _new_sends(call, now, p)
@@ -557,7 +576,8 @@ def note(
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
-    _cooled(call, now)
+    if call.open_until > 0:  # (as in ``check``)
+        _cooled(call, now)
     repeated = False
     if send:
         _new_sends(call, now, p)
