@@ -5,6 +5,12 @@
 Every case, sync and async, first warms up on its own, then all take turns call by call in
 one loop so that machine noise hits them alike; what matters is the ratios printed at the
 end, not the absolute microseconds (which depend on the machine).
+
+Then the server's side: each script-backed case alone, with the time Redis itself spent
+running it (``INFO commandstats``), and the floor that time sets. A script call can cost the
+caller no less than a round trip of an empty script plus what its body adds on the server,
+however little work the client does; where that floor is above a target, no client-side cut
+meets it.
 """
 
 from __future__ import annotations
@@ -101,6 +107,59 @@ def report(results: dict[str, list[float]]) -> None:
         print(f"median {case} / {baseline}: {ratio:.2f}x{note}")
 
 
+def server_time(url: str, prefix: str, calls: int, results: dict[str, list[float]]) -> None:
+    """Redis's own microseconds per call of each script-backed case, and the floor they set."""
+    client = redis.Redis.from_url(url)
+    store = RedisStore(client, prefix=prefix, open_keys=False)
+    fuse = Fuse(store, velocity=POLICY)
+    empty = client.register_script("return 1")
+    admit = Admit(f"{prefix}:sa", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+    sliding = strategies.SlidingWindowCounterRateLimiter(storage.RedisStorage(url))
+    cases = {
+        "redis PING": ("ping", client.ping),
+        "redis EVALSHA of 'return 1'": ("evalsha", lambda: empty(keys=[f"{prefix}:se"])),
+        "Fuse.record (RedisStore)": ("evalsha", lambda: fuse.record("server", 10)),
+        "RedisStore.run(Admit)": ("evalsha", lambda: store.run(admit)),
+        "limits sliding-window hit (redis)": ("evalsha", lambda: sliding.hit(ITEM, prefix, "s")),
+    }
+    served: dict[str, float] = {}
+    print(f"\nthe server's side: each case alone, {calls:,} calls\n")
+    print("| case | Redis µs per call (INFO commandstats) |")
+    print("|---|---:|")
+    for name, (command, call) in cases.items():
+        for _ in range(100):
+            call()  # warm: scripts loaded, connections open
+        before = _command_stats(client, command)
+        for _ in range(calls):
+            call()
+        after = _command_stats(client, command)
+        count = after[0] - before[0]
+        if count != calls:  # another client ran the same command meanwhile: no honest figure
+            print(f"| {name} | (skipped: {count:,} {command} calls seen for {calls:,}) |")
+            continue
+        served[name] = (after[1] - before[1]) / count
+        print(f"| {name} | {served[name]:.1f} |")
+    store.close()
+    client.close()
+    needed = ("redis EVALSHA of 'return 1'", "Fuse.record (RedisStore)")
+    if not all(name in served for name in needed):
+        return
+    # The client's own work is left out: an empty script's round trip, plus the body's time.
+    floor = median(results[needed[0]]) + served[needed[1]] - served[needed[0]]
+    ping = median(results["redis PING"])
+    window = median(results["limits sliding-window hit (redis)"])
+    print(
+        f"\nfloor of Fuse.record (RedisStore): {floor:.1f} µs = {floor / ping:.2f}x redis PING "
+        f"(target <= 1.3), {floor / window:.2f}x limits sliding-window hit (target <= 1.0)"
+    )
+
+
+def _command_stats(client: redis.Redis, command: str) -> tuple[int, int]:
+    """(calls, microseconds) Redis has counted for ``command`` since its last reset."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
 def memory_per_identity(url: str, prefix: str) -> None:
     """Redis memory of one identity after a minute of 1M tokens/min, then after ten minutes."""
     client = redis.Redis.from_url(url)
@@ -165,7 +224,9 @@ def main() -> None:
     args = parser.parse_args()
     prefix = unique_prefix("store")
     try:
-        report(asyncio.run(measure(args.redis, prefix, args.ops * args.rounds)))
+        results = asyncio.run(measure(args.redis, prefix, args.ops * args.rounds))
+        report(results)
+        server_time(args.redis, prefix, args.ops, results)
         memory_per_identity(args.redis, f"{prefix}-mem")
         batched_records(args.redis, prefix, args.batched)
     finally:
