@@ -89,7 +89,7 @@ def test_done_only_in_the_first_batch_is_seen() -> None:
     assert acc.end_seen
 
 
-def test_an_error_find_searches_each_object_once() -> None:
+def test_an_error_find_searches_each_object_once_for_two_looks() -> None:
     searched: list[bytes] = []
 
     class Counted(bytes):
@@ -99,6 +99,8 @@ def test_an_error_find_searches_each_object_once() -> None:
 
     errors = ErrorFind()
     one, other = Counted(b'data: {"error": 1}'), Counted(b"data: {}")
-    assert [errors.at(one), errors.at(one), errors.at(other), errors.at(one)] == [8, 8, -1, 8]
-    assert searched == [one, other, one]  # the same object again: no search
+    assert [errors.at(one), errors.at(one), errors.at(other)] == [8, 8, -1]
+    assert searched == [one, other]  # the same object again: no search
+    assert errors.at(other) == -1 and errors._data == b""  # both have looked: let go
+    assert errors.at(one) == 8 and searched == [one, other, one]  # asked again: searched
     assert ErrorFind().at(b"") == -1

@@ -154,12 +154,14 @@ ERROR = b"error"
 
 
 class ErrorFind:
-    """Where ``ERROR`` first is in a batch of a stream, searched once for all who look at it.
+    """Where ``ERROR`` first is in a batch of a stream, searched once for both who look at it.
 
     The usage reader and the failure-loop watch are shown the same batch (the same bytes
     object) and both look for ``ERROR``: a C-level pass over the batch each, the costliest
-    step of a guarded stream. The answer is kept for the last object searched, by identity
-    (bytes never change; the object is held, so its id cannot pass to another).
+    step of a guarded stream. The first to ask searches, and the answer is kept for the
+    object searched, by identity (bytes never change; the object is held meanwhile, so that
+    its id cannot pass to another); the second to ask takes it, and the batch is let go (the
+    finished stream holds no batch).
     """
 
     __slots__ = ("_at", "_data")
@@ -169,10 +171,12 @@ class ErrorFind:
         self._at = -1
 
     def at(self, data: bytes) -> int:
-        if data is not self._data:
-            self._at = data.find(ERROR)
-            self._data = data
-        return self._at
+        if data is self._data:
+            self._data = b""  # both have looked
+            return self._at
+        self._at = at = data.find(ERROR)
+        self._data = data
+        return at
 
 
 #: Probe misses a `probed_find` takes before it searches the rest for the marker itself.
