@@ -8,6 +8,7 @@ import random
 import pytest
 
 from tokenfuse._usage.accumulator import Accumulator
+from tokenfuse._usage.lines import NdjsonFramer
 from tokenfuse._usage.providers import GEMINI, OPENAI, OPENAI_RESPONSES
 from tokenfuse._usage.scan import ERROR, PROBE_MISSES, ErrorFind, probed_find, probes_of
 from tokenfuse._usage.sse import SseFramer
@@ -104,3 +105,44 @@ def test_an_error_find_searches_each_object_once_for_two_looks() -> None:
     assert errors.at(other) == -1 and errors._data == b""  # both have looked: let go
     assert errors.at(one) == 8 and searched == [one, other, one]  # asked again: searched
     assert ErrorFind().at(b"") == -1
+
+
+@pytest.mark.parametrize("framer_type", [SseFramer, NdjsonFramer])
+def test_the_error_a_framer_gives_is_where_find_sees_it_however_the_chunks_are_cut(
+    framer_type: type[SseFramer] | type[NdjsonFramer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A framer finds ``ERROR`` in the chunk it is fed (the search it shares with the watch,
+    which may look before or after it) and works out where it is in the records it reads: in
+    what it held, across the seam, in the chunk, or past the records' end. Every answer is
+    plain ``find``'s on those records, and the stream reads as it would alone."""
+    given: list[int | None] = []
+    plain = Accumulator.first_of_interest
+
+    def checked(self: Accumulator, region: bytes, error: int | None = None) -> int:
+        assert error is None or error == region.find(ERROR), (region, error)
+        given.append(error)
+        return plain(self, region, error)
+
+    monkeypatch.setattr(Accumulator, "first_of_interest", checked)
+    rng = random.Random(11)
+    parts = [b"data: ", b"error", b"err", b"or", b"\n", b"\n\n", b"\r\n", b"\r", b"x" * 7]
+    parts += [b'data: {"error": 1}\n\n', b"event: error\n", b'{"usage": {"total_tokens": 3}}']
+    for _ in range(400):
+        body = b"".join(rng.choice(parts) for _ in range(rng.randrange(60)))
+        cuts = sorted(rng.sample(range(1, len(body)), min(max(len(body) - 1, 0), rng.randrange(8))))
+        chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+        shared, alone = Accumulator(OPENAI, "p"), Accumulator(OPENAI, "p")
+        shared.errors = errors = ErrorFind()
+        framer, framer_alone = framer_type(shared), framer_type(alone)
+        for chunk in chunks:
+            watch_first = rng.random() < 0.5
+            if watch_first:
+                errors.at(chunk)
+            framer.feed(chunk)
+            framer_alone.feed(chunk)
+            if not watch_first:
+                errors.at(chunk)
+        framer.close(True)
+        framer_alone.close(True)
+        assert (shared.errored, shared.counts) == (alone.errored, alone.counts), body
+    assert sum(1 for error in given if error is not None and error > 0) > 100

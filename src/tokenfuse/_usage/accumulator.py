@@ -64,8 +64,8 @@ class Accumulator:
         self.invalid = False  # a usage field held something that is not a count
         self.problem: str | None = None
         self._pending = b""  # the latest usage payload of a whole-objects shape, not yet read
-        #: Where ``ERROR`` is in a region: shared with the failure-loop watch of a stream (see
-        #: `ErrorFind`), else searched here.
+        #: The search for ``ERROR`` that a stream's framer shares with its failure-loop watch
+        #: (see `ErrorFind`; None: the framer searches on its own).
         self.errors: ErrorFind | None = None
         #: Per marker, which of its probes a stream's searches use (made by the first one).
         self._probing: list[int] | None = None
@@ -79,7 +79,7 @@ class Accumulator:
         self.cut = True
         self.note(problem)
 
-    def first_of_interest(self, region: bytes) -> int:
+    def first_of_interest(self, region: bytes, error: int | None = None) -> int:
         """Where the first thing in a run of stream records that may matter starts (-1: none).
 
         The hot-path test. Most stream events carry text only; a few C-level searches over a
@@ -92,8 +92,7 @@ class Accumulator:
         """
         if self._text is not None:
             self.text_bytes += self._text.count(region)
-        errors = self.errors
-        first = region.find(ERROR) if errors is None else errors.at(region)
+        first = region.find(ERROR) if error is None else error
         probing = self._probing
         if probing is None:
             probing = self._probing = [0] * len(self._scanner.markers)
