@@ -179,8 +179,12 @@ class ErrorFind:
         return at
 
 
-#: Probe misses a `probed_find` takes before it searches the rest for the marker itself.
-PROBE_MISSES = 16
+#: Probe misses a `probed_find` takes before it searches the rest for the marker itself. A miss
+#: costs a few thousand instructions (two calls with arguments), a search of a 32 KiB batch
+#: some fifty thousand; a probe that misses this often is in the stream's every event (an
+#: OpenAI chunk id holds a given capital in about a third of streams), so the next batches try
+#: another (see `Accumulator.first_of_interest`).
+PROBE_MISSES = 8
 
 
 def probes_of(marker: bytes) -> tuple[tuple[bytes, int], ...]:
