@@ -225,7 +225,9 @@ class LoopWatch:
 
     def share(self, errors: ErrorFind) -> None:
         """Find ``ERROR`` in a piece through ``errors``: the usage reader's search of the same
-        batches (the metered stream's, ``attach``), made once for both."""
+        batches (the metered stream's, ``attach``), made once for both. Only for an event
+        stream: any other body's head is kept, not searched (``feeder``), and a share of no
+        use would cost a JSON call a few Python calls."""
         self._errors = errors
 
     def _search(self) -> None:
@@ -378,9 +380,10 @@ class LoopStep:
             watch.whole = True
             return
         feed = watch.feeder(watch.event_stream)
+        share = watch.share if watch.event_stream else None  # see LoopWatch.share
         stream = response.stream
         done = partial(self._note, watch)
-        if isinstance(stream, MeteredStream) and stream.attach(feed, done, watch.share):
+        if isinstance(stream, MeteredStream) and stream.attach(feed, done, share):
             return  # the meter's stream shows the watch its batches: one generator for both
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
             stream, feed, done
@@ -396,9 +399,10 @@ class LoopStep:
             watch.whole = True
             return
         feed = watch.feeder(watch.event_stream)
+        share = watch.share if watch.event_stream else None
         stream = response.stream
         done = partial(self._anote, watch)
-        if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done, watch.share):
+        if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done, share):
             return
         response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
             stream, feed, done
