@@ -8,6 +8,7 @@ what reached it. Both stores (the embedded one and the real Redis), the simulate
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -718,3 +719,98 @@ def test_marked_answers_after_each_partial_feed() -> None:
     big.find(b'or"')
     assert big.marked
     assert big.marked  # asked again: no more to search, the answer kept
+
+
+def _long_stream_with_an_error(where: str) -> list[bytes]:
+    """Several batches of events whose text says "error", one error event among them."""
+    from tokenfuse._transport.stream import BATCH
+
+    text = b'data: {"choices":[{"delta":{"content":"an error-free chunk"}}],"usage":null}\n\n'
+    events = [text] * (3 * BATCH // len(text))
+    error = b'data: {"error": {"type": "server_error", "message": "boom"}}\n\n'
+    events.insert({"first": 3, "middle": len(events) // 2, "last": len(events)}[where], error)
+    return events
+
+
+def _searches_asked(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The batches ``ErrorFind`` is asked about, in order (recorded)."""
+    from tokenfuse._usage.scan import ErrorFind
+
+    asked: list[bytes] = []
+    at = ErrorFind.at
+
+    def recorded(self: ErrorFind, data: bytes) -> int:
+        asked.append(data)
+        return at(self, data)
+
+    monkeypatch.setattr(ErrorFind, "at", recorded)
+    return asked
+
+
+def _assert_searched_once_for_both(asked: list[bytes], where: str) -> None:
+    # Each batch (three a stream, three streams) searched once: asked by the reader, then by
+    # the watch until it found the error event (no search after that).
+    runs = [1]
+    for before, data in itertools.pairwise(asked):
+        if data is before:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    assert len(runs) == 3 * 3 and set(runs) == ({2} if where == "last" else {1, 2}), runs
+
+
+URL = "https://api.openai.com/v1/chat/completions"
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_an_error_in_a_long_stream_is_seen_by_the_reader_and_the_watch(
+    fuse: Fuse, lib: Any, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of several batches whose text says "error" everywhere, with one error event
+    in its first, a middle or its last batch: the usage reader reads it (the usage says so)
+    and the watch counts the failure (the fourth call is refused), while each batch is
+    searched for "error" once for both (the reader's search, shared with the watch)."""
+    asked = _searches_asked(monkeypatch)
+    events = _long_stream_with_an_error(where)
+
+    def handler(request: Any) -> Any:
+        stream = chunk_stream(lib, events)
+        return lib.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+
+    with lib.Client(transport=FuseTransport(lib.MockTransport(handler), fuse=fuse)) as client:
+        for _ in range(3):
+            with client.stream("POST", URL, json={"stream": True}) as response:
+                response.read()
+            usage = response.extensions["tokenfuse"].usage
+            assert usage.partial and usage.problem == "error reported in stream", usage
+        with pytest.raises(FailureLoop) as caught:
+            client.post(URL, json={})
+    assert caught.value.error == "stream_error"
+    _assert_searched_once_for_both(asked, where)
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+async def test_async_an_error_in_a_long_stream_is_seen_by_the_reader_and_the_watch(
+    fuse: Fuse, lib: Any, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = _searches_asked(monkeypatch)
+    events = _long_stream_with_an_error(where)
+
+    def handler(request: Any) -> Any:
+        stream = chunk_stream(lib, events)
+        return lib.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+
+    transport = AsyncFuseTransport(lib.MockTransport(handler), fuse=fuse)
+    async with lib.AsyncClient(transport=transport) as client:
+        for _ in range(3):
+            async with client.stream("POST", URL, json={"stream": True}) as response:
+                await response.aread()
+            usage = response.extensions["tokenfuse"].usage
+            assert usage.partial and usage.problem == "error reported in stream", usage
+        with pytest.raises(FailureLoop) as caught:
+            await client.post(URL, json={})
+    assert caught.value.error == "stream_error"
+    _assert_searched_once_for_both(asked, where)
+    aclose = getattr(fuse.store, "aclose", None)
+    if aclose is not None:
+        await aclose()

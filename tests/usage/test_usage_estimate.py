@@ -237,3 +237,27 @@ def test_a_refusal_names_the_option(error: bytes, refuses: bool) -> None:
 
 def test_an_error_in_an_unknown_coding_is_not_a_refusal() -> None:
     assert not refuses_usage_option(b"stream_options", "compress")
+
+
+def test_a_text_count_is_the_sum_of_its_keys_regex_matches_wherever_the_keys_first_are() -> None:
+    """The count starts each key's regex where ``find`` sees the key first: the same sum as
+    matching the whole text, for keys absent, first late, repeated, as values, or cut."""
+    import random
+    import re
+
+    from tokenfuse._usage.estimate import TextCounter
+
+    keys = ("content", "text")
+    plain = [
+        re.compile(
+            rb'"%s"[ \t\r\n]*:[ \t\r\n]*"([^"\\]*(?:\\.[^"\\]*)*)"' % key.encode(), re.DOTALL
+        )
+        for key in keys
+    ]
+    parts = [b'"content"', b'"text"', b": ", b'"', b'ab\\"c', b"x", b"{", b"null", b'"content":']
+    rng = random.Random(5)
+    counter = TextCounter(keys)
+    for _ in range(2_000):
+        data = b"".join(rng.choice(parts) for _ in range(rng.randrange(30)))
+        expected = sum(m.end(1) - m.start(1) for p in plain for m in p.finditer(data))
+        assert counter.count(data) == expected, data

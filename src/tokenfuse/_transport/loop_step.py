@@ -44,6 +44,7 @@ from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
 from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, LoopNote
+from .._usage.scan import ERROR, ErrorFind
 from .compat import Flavor, header_entries
 from .recorder import Recorder
 from .refusal import Gatekeeper
@@ -156,6 +157,7 @@ class LoopWatch:
         "_batch",
         "_batched",
         "_carry",
+        "_errors",
         "_kept",
         "_marked",
         "_parts",
@@ -187,6 +189,7 @@ class LoopWatch:
         self._batched = 0
         self._carry = b""
         self._marked = False
+        self._errors: ErrorFind | None = None  # the usage reader's search, shared (``share``)
         self.done = False
 
     def answered(self, response: Any) -> None:
@@ -238,6 +241,13 @@ class LoopWatch:
         if self._batched >= _BATCH:
             self._search()
 
+    def share(self, errors: ErrorFind) -> None:
+        """Find ``ERROR`` in a piece through ``errors``: the usage reader's search of the same
+        batches (the metered stream's, ``attach``), made once for both. Only for an event
+        stream: any other body's head is kept, not searched (``feeder``), and a share of no
+        use would cost a JSON call a few Python calls."""
+        self._errors = errors
+
     def _search(self) -> None:
         piece = b"".join(self._batch)
         self._batch.clear()
@@ -252,15 +262,20 @@ class LoopWatch:
         seam = self._carry + piece[:_CARRY]
         self._carry = piece[-_CARRY:] if len(piece) >= _CARRY else seam[-_CARRY:]
         if not self._marked:
-            self._marked = _holds_mark(seam) or _holds_mark(piece)
+            errors = self._errors
+            error = piece.find(ERROR) if errors is None else errors.at(piece)
+            self._marked = _holds_mark(seam) or _holds_mark(piece, error)
 
 
-def _holds_mark(window: bytes) -> bool:
+def _holds_mark(window: bytes, error: int | None = None) -> bool:
     # A window without "error" nor "response.failed" (one is in every mark) holds none; the
-    # longer a word, the further each step of the search skips. Bytes are searched with
+    # longer a word, the further each step of the search skips. ``error``: where "error" is in
+    # the window, if known (a search shared with the usage reader). Bytes are searched with
     # ``find``, never ``in``: CPython first tries an ``in`` operand as an integer, and formats
     # the TypeError it then drops.
-    if window.find(b"error") < 0 and window.find(b"response.failed") < 0:
+    if error is None:
+        error = window.find(ERROR)
+    if error < 0 and window.find(b"response.failed") < 0:
         return False
     return any(window.find(mark) >= 0 for mark in _STREAM_ERRORS)
 
@@ -377,9 +392,10 @@ class LoopStep:
             watch.whole = True
             return
         feed = watch.feeder(watch.event_stream)
+        share = watch.share if watch.event_stream else None  # see LoopWatch.share
         stream = response.stream
         done = partial(self._note, watch)
-        if isinstance(stream, MeteredStream) and stream.attach(feed, done):
+        if isinstance(stream, MeteredStream) and stream.attach(feed, done, share):
             return  # the meter's stream shows the watch its batches: one generator for both
         response.stream = _of_library(LoopStream, flavor.sync_stream_base, flavor)(
             stream, feed, done
@@ -395,9 +411,10 @@ class LoopStep:
             watch.whole = True
             return
         feed = watch.feeder(watch.event_stream)
+        share = watch.share if watch.event_stream else None
         stream = response.stream
         done = partial(self._anote, watch)
-        if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done):
+        if isinstance(stream, AsyncMeteredStream) and stream.attach(feed, done, share):
             return
         response.stream = _of_library(AsyncLoopStream, flavor.async_stream_base, flavor)(
             stream, feed, done

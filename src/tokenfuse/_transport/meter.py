@@ -29,6 +29,7 @@ from .._usage import (
 )
 from .._usage.estimate import reported, with_input
 from .._usage.readers import FixedReader, FramedReader
+from .._usage.scan import ErrorFind
 from .account import account
 from .compat import header_entries
 from .usage_option import Sending, sent_body
@@ -142,6 +143,13 @@ class Meter:
         if reader is None or isinstance(reader, FixedReader):
             return None
         return reader.feed
+
+    def share_errors(self, errors: ErrorFind) -> None:
+        """The stream reader searches for errors through ``errors`` (a search the failure-loop
+        watch shares): a reader that does not search (not framed) leaves it alone."""
+        reader = self._reader
+        if isinstance(reader, FramedReader):
+            reader.share_errors(errors)
 
     def skipped(self, problem: str) -> None:
         """Part of a streamed body cannot be read (``problem`` says why): the usage read from the

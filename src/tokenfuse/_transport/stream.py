@@ -32,6 +32,7 @@ from itertools import islice
 from typing import Any, Protocol, TypeVar
 
 from .._events import logger
+from .._usage.scan import ErrorFind
 from .compat import Flavor
 from .meter import Meter
 
@@ -88,6 +89,7 @@ class _Batched:
 
     _read: Callable[[bytes], None] | None = None  # the usage reader's feed, once iterating
     _watch: Callable[[bytes], None] | None = None
+    _share: Callable[[ErrorFind], None] | None = None  # the watch's, to share its error search
 
     def __init__(self, meter: Meter) -> None:
         self._meter = meter
@@ -99,6 +101,11 @@ class _Batched:
     def _looks(self) -> bool:
         """Start iterating: whether anyone looks at the chunks (else they are only passed on)."""
         self._read = self._meter.stream_reader()
+        if self._read is not None and self._share is not None:
+            # Both look for errors in the same batches: one search of each for both.
+            errors = ErrorFind()
+            self._meter.share_errors(errors)
+            self._share(errors)
         return self._read is not None or self._watch is not None
 
     def _gather(self) -> None:
@@ -173,13 +180,20 @@ class MeteredStream(_Batched):
         self._inner = inner
         self._settle = settle
 
-    def attach(self, watch: Callable[[bytes], None], done: Callable[[], None]) -> bool:
+    def attach(
+        self,
+        watch: Callable[[bytes], None],
+        done: Callable[[], None],
+        share: Callable[[ErrorFind], None] | None = None,
+    ) -> bool:
         """Show every batch to ``watch`` too, after the reader; call ``done`` when the stream
         ends or is closed, after settling (an error leaves it to ``close``). Before reading.
-        False: the stream has a watch already (another transport's, nested), left as it is."""
+        ``share`` takes the reader's search for errors (if the stream has a reader that
+        searches), for the watch to use. False: the stream has a watch already (another
+        transport's, nested), left as it is."""
         if self._watch is not None:
             return False
-        self._watch, self._done = watch, done
+        self._watch, self._done, self._share = watch, done, share
         return True
 
     def __iter__(self) -> Iterator[bytes]:
@@ -228,11 +242,16 @@ class AsyncMeteredStream(_Batched):
         self._inner = inner
         self._settle = settle
 
-    def attach(self, watch: Callable[[bytes], None], done: Callable[[], Awaitable[None]]) -> bool:
+    def attach(
+        self,
+        watch: Callable[[bytes], None],
+        done: Callable[[], Awaitable[None]],
+        share: Callable[[ErrorFind], None] | None = None,
+    ) -> bool:
         """As ``MeteredStream.attach``, ``done`` awaited."""
         if self._watch is not None:
             return False
-        self._watch, self._done = watch, done
+        self._watch, self._done, self._share = watch, done, share
         return True
 
     async def __aiter__(self) -> AsyncIterator[bytes]:

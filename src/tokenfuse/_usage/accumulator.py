@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .estimate import tokens_for
 from .model import MAX_COUNT, Usage, UsageShape, as_count
-from .scan import scanner_for
+from .scan import ERROR, ErrorFind, probed_find, scanner_for
 
 CLOSED_EARLY = "stream closed before usage"
 NO_USAGE_BODY = "no usage in response body"
@@ -20,6 +20,7 @@ class Accumulator:
 
     __slots__ = (
         "_pending",
+        "_probing",
         "_scanner",
         "_shape",
         "_text",
@@ -27,6 +28,7 @@ class Accumulator:
         "cut",
         "end_seen",
         "errored",
+        "errors",
         "http_error",
         "invalid",
         "problem",
@@ -62,6 +64,11 @@ class Accumulator:
         self.invalid = False  # a usage field held something that is not a count
         self.problem: str | None = None
         self._pending = b""  # the latest usage payload of a whole-objects shape, not yet read
+        #: The search for ``ERROR`` that a stream's framer shares with its failure-loop watch
+        #: (see `ErrorFind`; None: the framer searches on its own).
+        self.errors: ErrorFind | None = None
+        #: Per marker, which of its probes a stream's searches use (made by the first one).
+        self._probing: list[int] | None = None
 
     def note(self, problem: str) -> None:
         """Remember the first problem; later ones are usually consequences of it."""
@@ -72,7 +79,7 @@ class Accumulator:
         self.cut = True
         self.note(problem)
 
-    def first_of_interest(self, region: bytes) -> int:
+    def first_of_interest(self, region: bytes, error: int | None = None) -> int:
         """Where the first thing in a run of stream records that may matter starts (-1: none).
 
         The hot-path test. Most stream events carry text only; a few C-level searches over a
@@ -85,13 +92,25 @@ class Accumulator:
         """
         if self._text is not None:
             self.text_bytes += self._text.count(region)
-        scanner = self._scanner
-        first = -1
-        for marker in scanner.markers:
-            at = region.find(marker)  # find, not `in`: bytes.__contains__ tries int first
+        first = region.find(ERROR) if error is None else error
+        probing = self._probing
+        if probing is None:
+            probing = self._probing = [0] * len(self._scanner.markers)
+        for index, (marker, probes) in enumerate(self._scanner.markers):
+            # A marker with a probe (a byte the stream rarely carries) is found through it;
+            # when a stream carries it often, its next probe is tried, then the marker itself.
+            # Either way the answer is `find`'s.
+            tried = probing[index]
+            if tried < len(probes):
+                probe, offset = probes[tried]
+                at, busy = probed_find(region, marker, probe, offset)
+                if busy:
+                    probing[index] = tried + 1
+            else:
+                at = region.find(marker)  # find, not `in`: bytes.__contains__ tries int first
             if at >= 0 and (first < 0 or at < first):
                 first = at
-        valued = scanner.valued_at(region)
+        valued = self._scanner.valued_at(region)
         if valued >= 0 and (first < 0 or valued < first):
             first = valued
         return first

@@ -70,10 +70,12 @@ def tokens_for(text_bytes: int) -> float:
 class TextCounter:
     """Counts the bytes of JSON string values under some keys, in raw JSON text.
 
-    One regex per key, each starting with the quoted key: a literal prefix, which the regex
-    engine finds with a fast search, so text without those keys costs one pass per key. A
-    quoted key cannot occur inside a JSON string (its quotes would be escaped), and values that
-    are not strings (``"content": null``, ``"delta": {...}``) do not match.
+    One regex per key, each starting with the quoted key; a quoted key cannot occur inside a
+    JSON string (its quotes would be escaped), and values that are not strings
+    (``"content": null``, ``"delta": {...}``) do not match. The regex starts where ``find``
+    sees the quoted key first: ``find``'s search is twice as fast as the regex engine's own
+    search for its literal prefix, so text without a key (most keys, in most streams) costs
+    half a regex pass for it.
 
     >>> TextCounter(("content",)).count(b'{"delta": {"content": "Hello"}}')
     5
@@ -83,17 +85,23 @@ class TextCounter:
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self._patterns = tuple(
-            re.compile(
-                rb'"%s"[ \t\r\n]*:[ \t\r\n]*"([^"\\]*(?:\\.[^"\\]*)*)"' % re.escape(key.encode()),
-                re.DOTALL,
+            (
+                quoted := b'"%s"' % key.encode(),
+                re.compile(
+                    re.escape(quoted) + rb'[ \t\r\n]*:[ \t\r\n]*"([^"\\]*(?:\\.[^"\\]*)*)"',
+                    re.DOTALL,
+                ),
             )
             for key in keys
         )
 
     def count(self, data: bytes | bytearray) -> int:
         total = 0
-        for pattern in self._patterns:
-            for match in pattern.finditer(data):
+        for quoted, pattern in self._patterns:
+            at = data.find(quoted)
+            if at < 0:
+                continue
+            for match in pattern.finditer(data, at):
                 total += match.end(1) - match.start(1)
         return total
 

@@ -10,6 +10,7 @@ an empty line (LF LF) for SSE events.
 from __future__ import annotations
 
 from .accumulator import Accumulator
+from .scan import ERROR
 
 MAX_RECORD = 1024 * 1024  # a longer event or line is dropped: no usage payload comes near this
 
@@ -47,12 +48,14 @@ class RecordFramer:
         if chunk.endswith(sep) and not self._buf and not self._dropping:
             # The hot path: nothing buffered, and the chunk is whole records. (A chunk that is
             # just a separator reads as an empty run: nothing.)
-            self._read(chunk, len(chunk) - len(sep))
+            self._read(chunk, len(chunk) - len(sep), self._error_at(chunk))
             return
         end = chunk.rfind(sep)
         if end > 0 and not self._buf and not self._dropping:
             # Nothing buffered, and the chunk ends one or more records, then starts another.
-            self._read(chunk[:end], end)
+            # The first error of the chunk is the first of its records, if it ends in them.
+            error = self._error_at(chunk)
+            self._read(chunk[:end], end, error if error + len(ERROR) <= end else -1)
             self._buf += chunk[end + len(sep) :]
             self._bound()
             return
@@ -63,17 +66,26 @@ class RecordFramer:
             self._bound()
             return
         # Each buffered byte is copied here once, when its record completes: linear overall.
+        held = len(buf)
         data = bytes(buf) + chunk
         end = data.rfind(sep)
         buf.clear()
         buf += data[end + len(sep) :]
         region = data[:end]
+        first_error: int | None = None  # unknown
         if self._dropping:
             self._dropping = False
             first = region.find(sep)  # the end of the dropped record
             region = region[first + len(sep) :] if first >= 0 else b""
+        else:
+            # An error in the region begins in what was held (found in it and the chunk's
+            # first bytes), or lies in the chunk: the chunk's own search tells where.
+            first_error = data.find(ERROR, 0, min(held + len(ERROR) - 1, end))
+            if first_error < 0:
+                at = self._error_at(chunk)
+                first_error = held + at if at >= 0 and held + at + len(ERROR) <= end else -1
         if region:
-            self._read(region, len(region))
+            self._read(region, len(region), first_error)
         self._bound()
 
     def close(self, complete: bool) -> None:
@@ -84,14 +96,21 @@ class RecordFramer:
             self._read(region, len(region))
         self._buf.clear()
 
-    def _read(self, data: bytes, end: int) -> None:
+    def _error_at(self, chunk: bytes) -> int:
+        """Where ``ERROR`` first is in ``chunk``: searched through the search shared with the
+        failure-loop watch (``Accumulator.errors``), which is shown the same batches."""
+        errors = self._sink.errors
+        return chunk.find(ERROR) if errors is None else errors.at(chunk)
+
+    def _read(self, data: bytes, end: int, error: int | None = None) -> None:
         """Read the records in ``data[:end]`` from the first one that may matter.
 
         What follows ``end`` in ``data`` is a separator at most: it is searched along with the
         records (it cannot hide anything from the search), which spares copying a run that is
-        skipped. The records before the first match hold nothing to read.
+        skipped. The records before the first match hold nothing to read. ``error``: where
+        ``ERROR`` first is in ``data`` (None: unknown).
         """
-        first = self._first_of_interest(data)
+        first = self._first_of_interest(data, error)
         if first < 0 or first >= end:
             return
         sep = self.SEPARATOR

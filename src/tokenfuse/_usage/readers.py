@@ -15,6 +15,7 @@ from .eventstream import EventStreamFramer
 from .jsonbody import JsonBodyFramer
 from .lines import NdjsonFramer
 from .model import ResponseFacts, Usage, UsageReader, UsageShape
+from .scan import ErrorFind
 from .sse import SseFramer
 
 INTERNAL_ERROR = "internal error while reading usage"
@@ -156,6 +157,10 @@ class FramedReader:
             self._feed(data)
         except Exception:
             self._fail()
+
+    def share_errors(self, errors: ErrorFind) -> None:
+        """Search for errors through ``errors``, which another look at the same batches uses."""
+        self._acc.errors = errors
 
     def skipped(self, problem: str) -> None:
         """Part of the body is never to be fed (``problem`` says why): whatever else it reports

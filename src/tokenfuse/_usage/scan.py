@@ -55,9 +55,13 @@ class UsageScanner:
         self.fields = shape.fields
         #: Counts the shape's generated text, for estimates (None: the shape names none).
         self.text = TextCounter(shape.text_keys) if shape.text_keys else None
-        #: What else makes a stream record worth reading: an error, or the end of the stream
-        #: (`[DONE]` of OpenAI-style streams, the shape's end events and keys).
-        self.markers = (b"error", b"[DONE]", *shape.end_events, *shape.end_keys)
+        #: What else makes a stream record worth reading: an error (``ERROR``, searched apart:
+        #: see `ErrorFind`), or the end of the stream (`[DONE]` of OpenAI-style streams, the
+        #: shape's end events and keys), each with its probes (`probes_of`).
+        self.markers = tuple(
+            (marker, probes_of(marker))
+            for marker in dict.fromkeys((b"[DONE]", *shape.end_events, *shape.end_keys))
+        )
         self._containers = tuple(dict.fromkeys(_quoted(p[-1]) for p in shape.containers if p))
         root = () in shape.containers
         self._root_fields = tuple((f, _quoted(f)) for f in shape.fields) if root else ()
@@ -141,6 +145,82 @@ class UsageScanner:
                 node[field] = value_after(data, at + len(key))
         if node:
             yield node
+
+
+#: The word in every error a stream may report (an ``error`` event, an ``{"error": ...}``
+#: payload, a ``"type": "error"`` object): what the usage reader and the failure-loop watch
+#: both look for first.
+ERROR = b"error"
+
+
+class ErrorFind:
+    """Where ``ERROR`` first is in a batch of a stream, searched once for both who look at it.
+
+    The usage reader and the failure-loop watch are shown the same batch (the same bytes
+    object) and both look for ``ERROR``: a C-level pass over the batch each, the costliest
+    step of a guarded stream. The first to ask searches, and the answer is kept for the
+    object searched, by identity (bytes never change; the object is held meanwhile, so that
+    its id cannot pass to another); the second to ask takes it, and the batch is let go (the
+    finished stream holds no batch).
+    """
+
+    __slots__ = ("_at", "_data")
+
+    def __init__(self) -> None:
+        self._data = b""
+        self._at = -1
+
+    def at(self, data: bytes) -> int:
+        if data is self._data:
+            self._data = b""  # both have looked
+            return self._at
+        self._at = at = data.find(ERROR)
+        self._data = data
+        return at
+
+
+#: Probe misses a `probed_find` takes before it searches the rest for the marker itself. A miss
+#: costs a few thousand instructions (two calls with arguments), a search of a 32 KiB batch
+#: some fifty thousand; a probe that misses this often is in the stream's every event (an
+#: OpenAI chunk id holds a given capital in about a third of streams), so the next batches try
+#: another (see `Accumulator.first_of_interest`).
+PROBE_MISSES = 8
+
+
+def probes_of(marker: bytes) -> tuple[tuple[bytes, int], ...]:
+    """The probes of ``marker``: its upper-case ASCII letters (the first occurrence of each,
+    with its offset), bytes that the JSON of a stream rarely holds (its keys and values are
+    mostly lower case), so that ``find`` seeks them with ``memchr``, some fifty times faster
+    than its search for a word."""
+    probes: dict[bytes, int] = {}
+    for offset, byte in enumerate(marker):
+        if 0x41 <= byte <= 0x5A:  # A-Z
+            probes.setdefault(bytes((byte,)), offset)
+    return tuple(probes.items())
+
+
+def probed_find(data: bytes, marker: bytes, probe: bytes, offset: int) -> tuple[int, bool]:
+    """``data.find(marker)``, and whether the probe was busy (it missed more than
+    ``PROBE_MISSES`` times: a stream that carries it often, whose later batches are better
+    searched with another).
+
+    ``marker`` holds ``probe`` at ``offset``: each occurrence of the marker is one of the
+    probe's, ``offset`` bytes before it, and they come in the same order, so the first probe
+    whose bytes around it are the marker gives the first occurrence. Once the probe misses too
+    often, the marker is searched from past the last probe tried (every start before it was
+    tried): the answer is exact either way.
+    """
+    at = data.find(probe, offset)  # one byte: memchr
+    misses = 0
+    while at >= 0:
+        start = at - offset
+        if data.startswith(marker, start):
+            return start, False
+        misses += 1
+        if misses > PROBE_MISSES:
+            return data.find(marker, start + 1), True
+        at = data.find(probe, at + 1)
+    return -1, False
 
 
 _CACHE_SIZE = 128
