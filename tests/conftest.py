@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import urlparse
 
 import pytest
+
+from tokenfuse.config import Settings, reload
 
 REDIS_URL = os.environ.get("TOKENFUSE_REDIS_URL", "redis://127.0.0.1:6379/15")
 CLUSTER_URL = os.environ.get("TOKENFUSE_CLUSTER_URL", "")
@@ -34,6 +36,18 @@ class Clock:
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+@pytest.fixture
+def environment() -> Iterator[Callable[[dict[str, str]], Settings]]:
+    """Make the process's settings those of a given ``TOKENFUSE_*`` environment (as if a new
+    process started with it); the real environment's settings come back afterwards.
+
+    ``TOKENFUSE_REDIS_URL`` names both the tests' Redis and the library's default store, so a
+    test of the process-wide defaults asks for them with ``environment({})``: else running the
+    suite against another Redis would change what it tests."""
+    yield reload
+    reload()
 
 
 def _answers(url: str) -> bool:

@@ -233,7 +233,8 @@ async def test_aclose_is_delegated_to_the_inner_transport(lib: ModuleType) -> No
     assert closed == ["closed"]
 
 
-def test_the_default_inner_is_the_clients_own_http_transport() -> None:
+def test_the_default_inner_is_the_clients_own_http_transport(environment: Any) -> None:
+    environment({})  # the embedded default, whatever Redis the suite runs against
     transport = FuseTransport()
     assert transport.fuse is default_fuse()
     for lib in (httpx, httpx2):
