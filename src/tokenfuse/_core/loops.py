@@ -133,11 +133,10 @@ def _strip(item: Any) -> Any:
     """A message or item without its ids, nor those of its content blocks and tool calls.
 
     Only what holds an id is copied: most messages and blocks have none, and are kept as
-    they are (the canonical JSON of a dict and of its copy is the same). ``_without_ids`` of
-    the item is written out: this runs for every message of a conversation."""
-    if not isinstance(item, dict):
-        return item
-    kept = item if ID_FIELDS.isdisjoint(item) else _without_ids(item)
+    they are (the canonical JSON of a dict and of its copy is the same)."""
+    kept = _without_ids(item)
+    if not isinstance(kept, dict):
+        return kept
     for name in _NESTED_LISTS:
         nested = kept.get(name)
         if isinstance(nested, list) and nested:
@@ -468,15 +467,13 @@ def _evict(state: LoopState, now: float) -> None:
 
 
 def _call(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> LoopCall:
-    """The call's record, a new one if it has none (making room first). (``_find``, written
-    out: every check and note of a call comes here.)"""
-    for call in state.calls:
-        if call.fingerprint == fingerprint:
-            return call
-    while len(state.calls) >= p.max_calls:
-        _evict(state, now)
-    call = LoopCall(fingerprint, now)
-    state.calls.append(call)
+    """The call's record, a new one if it has none (making room first)."""
+    call = _find(state, fingerprint)
+    if call is None:
+        while len(state.calls) >= p.max_calls:
+            _evict(state, now)
+        call = LoopCall(fingerprint, now)
+        state.calls.append(call)
     return call
 
 
@@ -512,7 +509,7 @@ def _peek(state: LoopState, fingerprint: str, now: float, p: LoopPolicy) -> Loop
     """``check`` with ``count=False``: the refusal of a refused call, else allowed (with the
     failures counted so far); nothing is changed, nothing is pruned, nothing is made."""
     call = _find(state, fingerprint)
-    if call is None or (now - call.last_seen > p.keep and not _kept(call, now, p.keep)):
+    if call is None or not _kept(call, now, p.keep):
         return LoopVerdict()
     if call.open_until > now:
         return _refused(call, now, p)
@@ -531,8 +528,7 @@ def check(
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
-    if call.open_until > 0:  # (most calls never tripped: ``_cooled`` has nothing to do)
-        _cooled(call, now)
+    _cooled(call, now)
     if call.open_until > now:
         return _refused(call, now, p)
     _new_sends(call, now, p)
@@ -576,8 +572,7 @@ def note(
     _prune(state, now, p)
     call = _call(state, fingerprint, now, p)
     call.last_seen = now
-    if call.open_until > 0:  # (as in ``check``)
-        _cooled(call, now)
+    _cooled(call, now)
     repeated = False
     if send:
         _new_sends(call, now, p)

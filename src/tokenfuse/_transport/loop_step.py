@@ -478,15 +478,11 @@ class LoopStep:
     def _note(self, watch: LoopWatch) -> None:
         """The stream ended or closed, and the settle did not take the note: send it alone
         (to the background recorder if there is one)."""
-        if watch.done:  # the settle took the note (most streams: it ends, then closes)
-            return
         note = self._later(watch)
         if note is not None:
             self._send_alone(note)
 
     async def _anote(self, watch: LoopWatch) -> None:
-        if watch.done:
-            return
         note = self._later(watch)
         if note is not None:
             await self._asend_alone(note)
