@@ -15,7 +15,8 @@ that in its reads and writes, cancellation included), so no reply is left unread
 connection that goes back to the pool.
 
 A cluster client (commands routed to each key's node) and a client on a single connection
-(``single_connection_client``, shared under its lock) keep redis-py's pipeline.
+(``single_connection_client``, shared under its lock) keep redis-py's pipeline. Either way
+the replies are read undecoded, as a single script call's are (``redis_direct``).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
     replies: list[Any] = []
     for _ in commands:
         try:
-            replies.append(connection.read_response())
+            replies.append(connection.read_response(disable_decoding=True))
         except ResponseError as exc:
             replies.append(exc)
     return replies
@@ -94,7 +95,7 @@ async def _aexchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
     replies: list[Any] = []
     for _ in commands:
         try:
-            replies.append(await connection.read_response())
+            replies.append(await connection.read_response(disable_decoding=True))
         except ResponseError as exc:
             replies.append(exc)
     return replies
@@ -105,12 +106,12 @@ def _pipelined(client: Any, commands: Sequence[Command]) -> list[Any]:
     for command in commands:
         # execute_command, not evalsha(): redis-py's cluster pipelines refuse the method
         # (not the command), and route EVALSHA by its key like any other.
-        pipe.execute_command(*command)
+        pipe.execute_command(*command, NEVER_DECODE=True)
     return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
 
 async def _apipelined(client: Any, commands: Sequence[Command]) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for command in commands:
-        pipe.execute_command(*command)
+        pipe.execute_command(*command, NEVER_DECODE=True)
     return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]

@@ -115,7 +115,8 @@ class _Script:
     key's own node and caches the script there.
 
     EVALSHA goes straight to a pooled connection on a plain client (``redis_direct``); the
-    rare EVAL through the client's ``eval``.
+    rare EVAL through the client's ``execute_command``. Both read the reply undecoded
+    (``NEVER_DECODE``): decisions reply with packed doubles.
     """
 
     __slots__ = ("client", "send", "sha", "source")
@@ -145,7 +146,9 @@ class SyncScript(_Script):
         try:
             return self.send(("EVALSHA", self.sha, len(keys), *keys, *args))
         except NoScriptError:
-            return self.client.eval(self.source, len(keys), *keys, *args)
+            return self.client.execute_command(
+                "EVAL", self.source, len(keys), *keys, *args, NEVER_DECODE=True
+            )
 
 
 class AsyncScript(_Script):
@@ -157,7 +160,9 @@ class AsyncScript(_Script):
         try:
             return await self.send(("EVALSHA", self.sha, len(keys), *keys, *args))
         except NoScriptError:
-            return await self.client.eval(self.source, len(keys), *keys, *args)
+            return await self.client.execute_command(
+                "EVAL", self.source, len(keys), *keys, *args, NEVER_DECODE=True
+            )
 
 
 class _CommandTableOnce(AsyncCommandsParser):

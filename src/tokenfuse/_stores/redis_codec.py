@@ -1,8 +1,9 @@
 """What ``RedisStore`` sends to each operation's Lua script and how it reads the reply, and the
 layout of the state the scripts keep. Nothing here does I/O.
 
-Every number crosses exactly: ``repr`` text or packed doubles on the way in, ``%.17g`` text
-on the way out, so verdicts and state are the very doubles the pure core computes.
+Every number crosses exactly: ``repr`` text or packed doubles on the way in, packed doubles
+(decisions) or ``%.17g`` text (the rest) on the way out, so verdicts and state are the very
+doubles the pure core computes.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .._core.velocity import (
     VelocityState,
     VelocityVerdict,
 )
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, StoreUnavailable
 from .ops import (
     Admit,
     CheckLoops,
@@ -422,76 +423,129 @@ def _read_run_args(op: ReadRun, now: str, ttl: str) -> Args:
 
 
 # -- replies --------------------------------------------------------------------------------------
-# One text reply per decision (bytes, or str with decode_responses): space-separated fields,
-# floats exact (%.17g), None as 'nan'. split() and float() accept bytes and str alike.
+# Decisions (Gate, Record, RecordBatch, Admit, Lease, ReturnLease) reply with packed
+# little-endian doubles, None as NaN: one struct.pack in the script, one unpack here, exact.
+# They were %.17g text once: glibc's exact printf cost the server about 5.7 us of a record's
+# 40, and the client a split() and a float() per field (docs/design.md#replies). Every
+# script's reply is read undecoded (``NEVER_DECODE``), so this works for clients built with
+# decode_responses=True too. The layouts (lua/_lib.lua, "Verdicts"):
+#
+#   velocity verdict  allowed (1, 0, or -1: None), then as its length says:
+#                     8 bytes   nothing more (the gate's common answer; or None)
+#                     40 bytes  an allowed record: rate, limit, baseline, multiple
+#                     72 bytes  tripped, reason, rate, limit, baseline, multiple,
+#                               retry_after, window
+#   Admit             allowed, bucket verdict (6 doubles: allowed (-1: None), remaining,
+#                     capacity, rate, retry_after, near_limit), velocity verdict to the end
+#   Lease             granted, the first trip's velocity verdict (72 bytes, allowed -1:
+#                     None), then Admit's reply
+#   ReturnLease       the first trip's velocity verdict, or None (8 bytes)
+#
+# A reply of any other length (a server or a proxy that mangled it) raises StoreUnavailable,
+# the store's failure like any other: the fuse fails open or closed as it was told.
+# The other scripts reply with space-separated text fields, floats exact (%.17g), None as
+# 'nan': split() and float() accept bytes and str alike.
+
+_DOUBLE = struct.Struct("<d")
+_ALLOWED_RECORD = struct.Struct("<5d")
+_VELOCITY_VERDICT = struct.Struct("<9d")
+_BUCKET_VERDICT = struct.Struct("<6d")
+_ADMISSION = struct.Struct("<7d")  # allowed, then the bucket verdict
+_LEASE_HEAD = struct.Struct("<d")  # granted, before the first trip's verdict
 
 
-def _maybe(text: bytes | str) -> float | None:
-    value = float(text)
+def _unreadable(op: Op[Any], reply: object) -> StoreUnavailable:
+    shown = reply[:80] if isinstance(reply, (bytes, str)) else type(reply).__name__
+    return StoreUnavailable(f"redis {op.name}: unreadable reply {shown!r}")
+
+
+def _maybe(value: float) -> float | None:
     return None if value != value else value
 
 
-def _velocity_fields(fields: Sequence[Any]) -> VelocityVerdict:
-    allowed, tripped, reason, rate, limit, baseline, multiple, retry_after, window = fields
-    if int(allowed) == 1:  # '1 0 0 <rate> <limit> <baseline> <multiple> 0 nan', the common case
-        return VelocityVerdict(
-            True, False, None, float(rate), _maybe(limit), _maybe(baseline), _maybe(multiple)
-        )
+def _velocity_of(op: Op[Any], reply: bytes, at: int = 0) -> VelocityVerdict | None:
+    """The velocity verdict packed in ``reply`` from byte ``at`` to the end (None: no verdict)."""
+    size = len(reply) - at
+    if size == _ALLOWED_RECORD.size:  # the common record
+        _, rate, limit, baseline, multiple = _ALLOWED_RECORD.unpack_from(reply, at)
+        return VelocityVerdict(True, False, None, rate, _maybe(limit), _maybe(baseline),
+                               _maybe(multiple))  # fmt: skip
+    if size == _DOUBLE.size:  # allowed, nothing more (a fresh object: verdicts mutate); or None
+        (allowed,) = _DOUBLE.unpack_from(reply, at)
+        if allowed == 1:
+            return VelocityVerdict(allowed=True)
+        if allowed == -1:
+            return None
+    if size != _VELOCITY_VERDICT.size:
+        raise _unreadable(op, reply)
+    allowed, tripped, reason, rate, limit, baseline, multiple, retry_after, window = (
+        _VELOCITY_VERDICT.unpack_from(reply, at)
+    )
+    if allowed < 0:
+        return None
     return VelocityVerdict(
-        allowed=int(allowed) == 1,
-        tripped=int(tripped) == 1,
+        allowed=allowed == 1,
+        tripped=tripped == 1,
         reason=REASON_CODES.get(int(reason)),
-        rate=float(rate),
+        rate=rate,
         limit=_maybe(limit),
         baseline=_maybe(baseline),
         multiple=_maybe(multiple),
-        retry_after=float(retry_after),
+        retry_after=retry_after,
         window=_maybe(window),
     )
 
 
-def _bucket_fields(fields: Sequence[Any]) -> BucketVerdict:
-    allowed, remaining, capacity, rate, retry_after, near_limit = fields
-    return BucketVerdict(
-        allowed=int(allowed) == 1,
-        remaining=float(remaining),
-        capacity=float(capacity),
-        rate=float(rate),
-        retry_after=float(retry_after),
-        near_limit=int(near_limit) == 1,
+def _admission_of(op: Op[Any], reply: bytes, at: int = 0) -> AdmitVerdict:
+    """admit.lua's reply, packed in ``reply`` from byte ``at`` to the end."""
+    if len(reply) - at < _ADMISSION.size:
+        raise _unreadable(op, reply)
+    allowed, bucket_allowed, remaining, capacity, rate, retry_after, near_limit = (
+        _ADMISSION.unpack_from(reply, at)
     )
+    bucket = None
+    if bucket_allowed >= 0:
+        bucket = BucketVerdict(
+            allowed=bucket_allowed == 1,
+            remaining=remaining,
+            capacity=capacity,
+            rate=rate,
+            retry_after=retry_after,
+            near_limit=near_limit == 1,
+        )
+    velocity = _velocity_of(op, reply, at + _ADMISSION.size)
+    return AdmitVerdict(allowed=allowed == 1, velocity=velocity, bucket=bucket)
 
 
-def _velocity_verdict(op: Gate | Record | RecordBatch, reply: bytes | str) -> VelocityVerdict:
-    fields = reply.split()
-    if len(fields) == 1:  # '1': allowed, nothing else to say (a fresh object: verdicts mutate)
-        return VelocityVerdict(allowed=True)
-    return _velocity_fields(fields)
+def _velocity_verdict(op: Gate | Record | RecordBatch, reply: Any) -> VelocityVerdict:
+    if not isinstance(reply, bytes):
+        raise _unreadable(op, reply)
+    verdict = _velocity_of(op, reply)
+    if verdict is None:  # these scripts always decide
+        raise _unreadable(op, reply)
+    return verdict
 
 
-def _admit_verdict(op: Admit, reply: bytes | str) -> AdmitVerdict:
-    fields = reply.split()
-    return AdmitVerdict(
-        allowed=int(fields[0]) == 1,
-        velocity=None if int(fields[1]) < 0 else _velocity_fields(fields[1:10]),
-        bucket=None if int(fields[10]) < 0 else _bucket_fields(fields[10:16]),
-    )
+def _admit_verdict(op: Admit, reply: Any) -> AdmitVerdict:
+    if not isinstance(reply, bytes):
+        raise _unreadable(op, reply)
+    return _admission_of(op, reply)
 
 
-def _lease_verdict(op: Lease, reply: bytes | str) -> LeaseVerdict:
-    fields = reply.split()
-    verdict = AdmitVerdict(
-        allowed=int(fields[0]) == 1,
-        velocity=None if int(fields[1]) < 0 else _velocity_fields(fields[1:10]),
-        bucket=None if int(fields[10]) < 0 else _bucket_fields(fields[10:16]),
-    )
-    tripped = None if int(fields[17]) < 0 else _velocity_fields(fields[17:26])
-    return LeaseVerdict(verdict, float(fields[16]), tripped)
+def _lease_verdict(op: Lease, reply: Any) -> LeaseVerdict:
+    trip_at = _LEASE_HEAD.size
+    admission_at = trip_at + _VELOCITY_VERDICT.size
+    if not isinstance(reply, bytes) or len(reply) < admission_at:
+        raise _unreadable(op, reply)
+    (granted,) = _LEASE_HEAD.unpack_from(reply)
+    tripped = _velocity_of(op, reply[:admission_at], trip_at)
+    return LeaseVerdict(_admission_of(op, reply, admission_at), granted, tripped)
 
 
-def _first_trip(op: ReturnLease, reply: bytes | str) -> VelocityVerdict | None:
-    fields = reply.split()
-    return None if int(fields[0]) < 0 else _velocity_fields(fields)
+def _first_trip(op: ReturnLease, reply: Any) -> VelocityVerdict | None:
+    if not isinstance(reply, bytes):
+        raise _unreadable(op, reply)
+    return _velocity_of(op, reply)
 
 
 def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> StoredState:

@@ -16,6 +16,10 @@ connection as a batch of commands is sent (``redis_batch.on_pooled_connection``)
 * the connection released to the pool whatever happened (the pool drops one a server asked
   to reconnect).
 
+Replies are read undecoded on either path (``disable_decoding``, or redis-py's
+``NEVER_DECODE`` option of ``execute_command``): the decisions' verdicts are packed doubles,
+which a client built with ``decode_responses=True`` would otherwise try to read as UTF-8.
+
 Any other client goes through ``execute_command``, and so does every call while something
 watches redis-py's commands: its own metrics turned on, or an ``execute_command`` that
 tracing instrumentation wrapped. So does every client of a redis-py without metrics
@@ -80,30 +84,30 @@ def _watched(client: Any) -> bool:
 
 
 def _through_client(client: Any, command: tuple[Any, ...]) -> Any:
-    return client.execute_command(*command)
+    return client.execute_command(*command, NEVER_DECODE=True)
 
 
 async def _athrough_client(client: Any, command: tuple[Any, ...]) -> Any:
-    return await client.execute_command(*command)
+    return await client.execute_command(*command, NEVER_DECODE=True)
 
 
 def _send(client: Any, command: tuple[Any, ...]) -> Any:
     if _watched(client):
-        return client.execute_command(*command)
+        return _through_client(client, command)
     return on_pooled_connection(client, functools.partial(_exchange, command=command))
 
 
 def _exchange(connection: Any, command: tuple[Any, ...]) -> Any:
     connection.send_command(*command)
-    return connection.read_response()
+    return connection.read_response(disable_decoding=True)
 
 
 async def _asend(client: Any, command: tuple[Any, ...]) -> Any:
     if _watched(client):
-        return await client.execute_command(*command)
+        return await _athrough_client(client, command)
     return await on_pooled_connection_async(client, functools.partial(_aexchange, command=command))
 
 
 async def _aexchange(connection: Any, command: tuple[Any, ...]) -> Any:
     await connection.send_command(*command)
-    return await connection.read_response()
+    return await connection.read_response(disable_decoding=True)

@@ -13,9 +13,10 @@ ARGV[6]  bucket policy: 4 little-endian doubles: rate /s, capacity, near_limit_f
 Calls TIME (unless ARGV[1] is given), GET and SET ... PX; a block the call has no policy
 for is written back as it was.
 
-Returns '<allowed> <velocity verdict> <bucket verdict>': the velocity verdict as in
-record.lua (9 fields), the bucket verdict as 'allowed remaining capacity <rate /s>
-<retry_after s> near_limit' (6 fields); a verdict that is None has allowed = -1.
+Returns packed little-endian doubles (_lib.lua, "Verdicts", admission_reply): allowed; the
+bucket verdict, 'allowed remaining capacity <rate /s> <retry_after s> near_limit' (always 6);
+then the velocity verdict as in record.lua or gate.lua (1, 5 or 9), to the end. A verdict
+that is None has allowed = -1 (the velocity one is then NO_VERDICT alone).
 --]]
 
 local now = clock(ARGV[1])
@@ -37,5 +38,4 @@ local before = v and v[OPEN_UNTIL]
 local allowed, latch, taken = admit(v, b, cost, amount, now, vp, bp)
 save(KEYS[1], ARGV[2], s, v, b)
 announce_trip(KEYS[1], v, before, now)
-return string.format('%d %s %s', allowed, latch or '-1 0 0 0 nan nan nan 0 nan',
-  taken or '-1 0 0 0 0 0')
+return admission_reply(allowed, latch, taken)

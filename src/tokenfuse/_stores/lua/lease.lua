@@ -17,9 +17,9 @@ ARGV[9..] the amounts of the calls the previous lease admitted, in order
 Calls TIME (unless ARGV[1] is given), GET and SET ... PX; a trip is announced (PUBLISH, see
 _lib.lua).
 
-Returns admit.lua's reply (16 fields), then the tokens granted beyond the cost, then the
-verdict of the first trip among the recorded amounts as in record.lua (9 fields; allowed = -1
-when none tripped).
+Returns packed little-endian doubles (_lib.lua, "Verdicts"): the tokens granted beyond the
+cost; the verdict of the first trip among the recorded amounts, all 9 fields (allowed = -1
+when none tripped); then this call's admission, admit.lua's reply, to the end.
 --]]
 
 local now = clock(ARGV[1])
@@ -45,10 +45,10 @@ local granted = 0.0
 if allowed == 1 and bp ~= nil and b ~= nil and want > 0.0 then
   granted = take_more(b, want, now, bp)
   local capacity, rate = limits_of(b, bp)
-  taken = string.format('1 %.17g %.17g %.17g 0 %s', b.tokens, capacity, rate,
-    string.sub(taken, -1))
+  local near_limit = select(6, unpack_doubles(BUCKET_VERDICT, taken))
+  taken = pack(BUCKET_VERDICT, 1, b.tokens, capacity, rate, 0, near_limit)
 end
 save(KEYS[1], ARGV[2], s, v, b)
 announce_trip(KEYS[1], v, before, now)
-return string.format('%d %s %s %.17g %s', allowed, latch or '-1 0 0 0 nan nan nan 0 nan',
-  taken or '-1 0 0 0 0 0', granted, tripped or '-1 0 0 0 nan nan nan 0 nan')
+tripped = tripped or pack(VERDICT_FORMAT, -1, 0, 0, 0, NAN, NAN, NAN, 0, NAN)
+return pack('<d', granted) .. tripped .. admission_reply(allowed, latch, taken)

@@ -15,8 +15,10 @@ ARGV[4]  velocity policy: 16 little-endian doubles: limit /min (-1 = None), spik
 Calls TIME (unless ARGV[1] is given), GET and SET ... PX; the bucket block, if any, is
 written back as it was. A trip is announced (PUBLISH, see _lib.lua).
 
-Returns the verdict 'allowed tripped <reason code> <rate /min> <limit /min> <baseline /min>
-<multiple> <retry_after s> <window s>' (numbers as %.17g, None as nan).
+Returns the verdict as packed little-endian doubles, None as NaN (_lib.lua, "Verdicts"):
+allowed, 1; rate /min, limit /min, baseline /min, multiple when allowed; else all nine fields,
+'0 tripped <reason code> <rate /min> <limit /min> <baseline /min> <multiple> <retry_after s>
+<window s>'.
 --]]
 
 local now = clock(ARGV[1])

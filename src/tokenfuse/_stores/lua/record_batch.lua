@@ -13,7 +13,7 @@ ARGV[4]  the amounts, in order: little-endian doubles, 8 bytes each (one argumen
 
 Calls TIME (unless ARGV[1] is given), GET and SET ... PX; a trip is announced (PUBLISH, see
 _lib.lua). Returns the verdict of the first record that tripped, or else of the last one, as
-in record.lua; only that verdict is formatted.
+in record.lua; only that verdict is packed.
 --]]
 
 local now = clock(ARGV[1])

@@ -11,8 +11,8 @@ ARGV[5]  bucket policy as in admit.lua, or '' for none
 ARGV[6..] the amounts of the calls the lease admitted, in order
 
 Calls TIME (unless ARGV[1] is given), GET and SET ... PX; a trip is announced (PUBLISH, see
-_lib.lua). Returns the verdict of the first trip among the amounts as in record.lua, or '-1'
-when none tripped.
+_lib.lua). Returns the verdict of the first trip among the amounts as in record.lua (9 packed
+doubles), or NO_VERDICT (-1.0 packed) when none tripped.
 --]]
 
 local now = clock(ARGV[1])
@@ -32,4 +32,4 @@ local before = v and v[OPEN_UNTIL]
 local tripped = settle(v, b, tonumber(ARGV[3]), 6, now, vp, bp)
 save(KEYS[1], ARGV[2], s, v, b)
 announce_trip(KEYS[1], v, before, now)
-return tripped or '-1'
+return tripped or NO_VERDICT
