@@ -174,8 +174,8 @@ end
 
 local function fmt(x) return string.format('%.17g', x) end
 
-local function opt(x) -- None travels as 'nan'
-  if x == nil then return 'nan' end
+local function opt(x) -- None travels as 'nan': nil, or NaN as in a verdict
+  if x == nil or x ~= x then return 'nan' end
   return fmt(x)
 end
 
@@ -529,31 +529,17 @@ local NAN = 0 / 0 -- None
 local ALLOWED = '\0\0\0\0\0\0\240\63' -- 1.0, packed
 local NO_VERDICT = '\0\0\0\0\0\0\240\191' -- -1.0, packed
 
--- A refusal's fields: (tripped, reason, rate, limit, baseline or nil, multiple or nil,
--- retry_after, window).
-local function refusal_fields(v, now, tripped)
-  local baseline = nil
+local function refusal(v, now, tripped)
+  local baseline = NAN
   if v[TRIP_BASELINE] >= 0.0 then baseline = v[TRIP_BASELINE] end
-  local multiple = nil
+  local multiple = NAN
   local r = v[TRIP_REASON]
   local relative = r == LOOP or r == SPARSE or r == EARLY or r == SUSTAINED or r == TOP
-  if baseline ~= nil and baseline ~= 0.0 and relative then multiple = v[TRIP_RATE] / baseline end
-  return tripped, r, v[TRIP_RATE], v[TRIP_LIMIT], baseline, multiple, v[OPEN_UNTIL] - now,
-    v[TRIP_WINDOW]
-end
-
-local function refusal(v, now, tripped)
-  local t, r, rate, limit, baseline, multiple, retry_after, span = refusal_fields(v, now, tripped)
-  return pack(VERDICT_FORMAT, 0, t, r, rate, limit, baseline or NAN, multiple or NAN,
-    retry_after, span)
-end
-
--- The refusal as text, 'allowed tripped reason rate limit baseline multiple retry_after
--- window', for the announcements (open_keys.py reads them).
-local function refusal_text(v, now, tripped)
-  local t, r, rate, limit, baseline, multiple, retry_after, span = refusal_fields(v, now, tripped)
-  return string.format('0 %d %d %.17g %.17g %s %s %.17g %.17g', t, r, rate, limit,
-    opt(baseline), opt(multiple), retry_after, span)
+  if baseline == baseline and baseline ~= 0.0 and relative then
+    multiple = v[TRIP_RATE] / baseline
+  end
+  return pack(VERDICT_FORMAT, 0, tripped, r, v[TRIP_RATE], v[TRIP_LIMIT], baseline, multiple,
+    v[OPEN_UNTIL] - now, v[TRIP_WINDOW])
 end
 
 -- (allowed 0/1, verdict)
@@ -767,11 +753,15 @@ local function announce(key, message)
   redis.call('PUBLISH', prefix .. ':open-keys', message .. ' ' .. key)
 end
 
--- Announce that v's latch opened during this script (it was open_until `before`).
+-- Announce that v's latch opened during this script (it was open_until `before`), with the
+-- gate's refusal as text: refusal()'s doubles unpacked again (a trip is rare; a text twin of
+-- refusal() would cost every script that records one more closure per call).
 local function announce_trip(key, v, before, now)
   if v == nil or v[OPEN_UNTIL] == before then return end
   local prefix, tagged = split_key(key)
-  local state = fmt(v[OPEN_UNTIL]) .. ' ' .. refusal_text(v, now, 0)
+  local fields = {unpack_doubles(VERDICT_FORMAT, refusal(v, now, 0))}
+  for i = 1, 9 do fields[i] = opt(fields[i]) end
+  local state = fmt(v[OPEN_UNTIL]) .. ' ' .. table.concat(fields, ' ', 1, 9)
   local ttl = math.max(math.ceil((v[OPEN_UNTIL] - now) * 1000), 1)
   redis.call('SET', prefix .. ':open:' .. tagged, state, 'PX', ttl)
   redis.call('PUBLISH', prefix .. ':open-keys', 'o ' .. state .. ' ' .. key)
