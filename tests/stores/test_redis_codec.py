@@ -24,7 +24,7 @@ def test_each_policy_object_is_encoded_with_its_own_numbers_and_the_encodings_st
     policies = [VelocityPolicy(limit=1000.0 + n) for n in range(3 * redis_codec._ENCODED_MAX)]
     for _ in range(2):  # the second pass finds most of them gone, and encodes them again
         for policy in policies:
-            (_, _, _, encoded) = CODECS[Record].args(Record("k", 1, policy), "", "1")
+            (_, encoded) = CODECS[Record].args(Record("k", 1, policy), "", "1")
             assert struct.unpack_from("<d", encoded)[0] == policy.limit
             assert len(redis_codec._ENCODED) <= redis_codec._ENCODED_MAX
 
@@ -36,8 +36,17 @@ def test_equal_policies_made_apart_encode_alike_and_none_is_no_policy() -> None:
         Admit("k", 1, 0, VelocityPolicy(), BucketPolicy(rate=2.0, capacity=5.0)), "", "1"
     )
     assert first == again
-    assert struct.unpack("<4d", first[5])[:2] == (2.0, 5.0)
-    assert CODECS[Admit].args(Admit("k", 1, 0, None, None), "", "1")[4:] == (b"", b"")
+    assert struct.unpack("<4d", first[2])[:2] == (2.0, 5.0)
+    assert CODECS[Admit].args(Admit("k", 1, 0, None, None), "", "1")[1:] == (b"", b"")
+
+
+def test_a_decisions_own_numbers_travel_as_one_argument_of_exact_doubles() -> None:
+    """now (-1: the server's clock), the TTL in milliseconds, then the amounts."""
+    (call, _) = CODECS[Record].args(Record("k", 0.1, VelocityPolicy()), "", "1209600000")
+    assert struct.unpack("<3d", call) == (-1.0, 1209600000.0, 0.1)
+    now = repr(1767225600.123456)
+    (call, _, _) = CODECS[Admit].args(Admit("k", 2.5, 1 / 3, None, None), now, "5")
+    assert struct.unpack("<4d", call) == (1767225600.123456, 5.0, 2.5, 1 / 3)
 
 
 NAN = math.nan

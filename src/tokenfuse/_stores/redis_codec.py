@@ -222,15 +222,25 @@ def states_of(raw: bytes) -> tuple[VelocityState | None, BucketState | None]:
 # Each script's ARGV is described in its header (lua/<name>.lua). ``now`` is '' for the server's
 # clock; numbers the scripts read once go as repr() text; policies go as packed doubles,
 # encoded once per policy object (policies are frozen and few) and unpacked by one C call.
+# The decisions' own numbers (Record's and Admit's now, TTL, amount, cost) go as one argument
+# of packed doubles, now -1 for the server's clock: redis-py spends some 7,500 instructions
+# encoding each argument of a command, more than a pack of all of them.
 
 Args = tuple[str | bytes, ...]
 
 _VELOCITY_POLICY = struct.Struct("<18d")
+_RECORD_CALL = struct.Struct("<3d")  # now, ttl ms, amount
+_ADMIT_CALL = struct.Struct("<4d")  # now, ttl ms, cost, amount
 _BUCKET_POLICY = struct.Struct("<4d")
 
 
 def _number(value: float) -> str:
     return repr(float(value))
+
+
+def _packed_now(now: str) -> float:
+    """``now`` in a packed call: -1 for the server's clock ('')."""
+    return float(now) if now else -1.0
 
 
 def _none_as_minus_one(value: float | None) -> float:
@@ -366,7 +376,8 @@ def _now_only(op: Gate | ReadStatus | ReadState, now: str, ttl: str) -> Args:
 
 
 def _record_args(op: Record, now: str, ttl: str) -> Args:
-    return (now, ttl, _number(op.amount), _velocity_policy(op.velocity))
+    call = _RECORD_CALL.pack(_packed_now(now), float(ttl), op.amount)
+    return (call, _velocity_policy(op.velocity))
 
 
 def _record_batch_args(op: RecordBatch, now: str, ttl: str) -> Args:
@@ -377,8 +388,8 @@ def _record_batch_args(op: RecordBatch, now: str, ttl: str) -> Args:
 
 
 def _admit_args(op: Admit, now: str, ttl: str) -> Args:
-    velocity, bucket = _velocity_policy(op.velocity), _bucket_policy(op.bucket)
-    return (now, ttl, _number(op.cost), _number(op.amount), velocity, bucket)
+    call = _ADMIT_CALL.pack(_packed_now(now), float(ttl), op.cost, op.amount)
+    return (call, _velocity_policy(op.velocity), _bucket_policy(op.bucket))
 
 
 def _lease_args(op: Lease, now: str, ttl: str) -> Args:
@@ -426,7 +437,7 @@ def _read_run_args(op: ReadRun, now: str, ttl: str) -> Args:
 # Decisions (Gate, Record, RecordBatch, Admit, Lease, ReturnLease) reply with packed
 # little-endian doubles, None as NaN: one struct.pack in the script, one unpack here, exact.
 # They were %.17g text once: glibc's exact printf cost the server about 5.7 us of a record's
-# 40, and the client a split() and a float() per field (docs/design.md#replies). Every
+# 40, and the client a split() and a float() per field (docs/design.md#state-layout). Every
 # script's reply is read undecoded (``NEVER_DECODE``), so this works for clients built with
 # decode_responses=True too. The layouts (lua/_lib.lua, "Verdicts"):
 #

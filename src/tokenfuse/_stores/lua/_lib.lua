@@ -30,7 +30,7 @@ Decisions (record, record_batch, gate, admit, lease, return_lease) reply with pa
 little-endian doubles, None as NaN: one struct.pack, exact, read by one struct.unpack in the
 client (the layouts are under "Verdicts" below and in redis_codec.py). Formatting them as
 %.17g text cost the server about 5.7 us of a record's 40 (glibc's exact printf), and the
-client a split and a float() per field (docs/design.md#replies). The client reads every
+client a split and a float() per field (docs/design.md#state-layout). The client reads every
 script's reply undecoded, so clients with decode_responses=True work too. The other scripts
 reply with text: numbers with %.17g (exact; Redis would truncate a Lua number to an integer),
 None as 'nan'; so do the announcements.
@@ -100,12 +100,15 @@ local PROFILE = 83 -- 4 (PROFILE_WORDS)
 local LIMIT_OVERRIDE = 88
 local VP_FORMAT = '<dddddddddddddddddd' -- 18: velocity policy
 local BP_FORMAT = '<dddd' -- 4: bucket policy
+local RECORD_CALL = '<ddd' -- a record's call: now, ttl ms, amount
+local ADMIT_CALL = '<dddd' -- an admission's call: now, ttl ms, cost, amount
 
 -- ---------------------------------------------------------------------------------------------
 -- Plumbing: clock, doubles, replies
 
+-- now: epoch seconds, as ARGV's text or a packed call's double; '' or -1: the server's TIME.
 local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
+  if arg ~= '' and arg ~= -1 then return tonumber(arg) end
   -- Redis < 5 needs effects replication before a write that follows TIME; a no-op since 7.
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
