@@ -16,9 +16,9 @@ Calls TIME (unless the call gives now), GET and SET ... PX; the bucket block, if
 written back as it was. A trip is announced (PUBLISH, see _lib.lua).
 
 Returns the verdict as packed little-endian doubles, None as NaN (_lib.lua, "Verdicts"):
-allowed, 1; rate /min, limit /min, baseline /min, multiple when allowed; else all nine fields,
-'0 tripped <reason code> <rate /min> <limit /min> <baseline /min> <multiple> <retry_after s>
-<window s>'.
+allowed, 5 of them: 1 <rate /min> <limit /min> <baseline /min> <multiple>; refused, all 9:
+0 <tripped> <reason code> <rate /min> <limit /min> <baseline /min> <multiple> <retry_after s>
+<window s>.
 --]]
 
 local at, ttl, amount = unpack_doubles(RECORD_CALL, ARGV[1])
