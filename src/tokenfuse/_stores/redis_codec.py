@@ -460,9 +460,8 @@ def _read_run_args(op: ReadRun, now: str, ttl: str) -> Args:
 _DOUBLE = struct.Struct("<d")
 _ALLOWED_RECORD = struct.Struct("<5d")
 _VELOCITY_VERDICT = struct.Struct("<9d")
-_BUCKET_VERDICT = struct.Struct("<6d")
 _ADMISSION = struct.Struct("<7d")  # allowed, then the bucket verdict
-_LEASE_HEAD = struct.Struct("<d")  # granted, before the first trip's verdict
+_LEASE_HEAD = _DOUBLE  # granted, before the first trip's verdict
 
 
 def _unreadable(op: Op[Any], reply: object) -> StoreUnavailable:
