@@ -199,7 +199,7 @@ def test_redis_pys_metrics_turned_on_see_every_script_call(
         metrics = redis_direct.get_observability_instance()
         monkeypatch.setattr(metrics, "is_enabled", lambda: True)
         store.run(Gate("k"))
-        assert calls == [("EVALSHA",)]
+        assert calls == [("FCALL",)]
     finally:
         store.close()
 
@@ -215,7 +215,7 @@ def test_a_wrapped_execute_command_sees_every_script_call(
         store.run(Gate("k"))
         monkeypatch.setattr(redis.Redis, "execute_command", traced)
         store.run(Gate("k"))
-        assert calls == [("EVALSHA",)]
+        assert calls == [("FCALL",)]
     finally:
         store.close()
 
