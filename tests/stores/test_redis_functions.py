@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from tests.conftest import Clock
-from tests.stores.conftest import OwnRedis, all_at_once
+from tests.stores.conftest import OwnRedis, all_at_once, unique_prefix
 from tokenfuse import BucketPolicy, VelocityPolicy
 from tokenfuse._stores.ops import Admit, Gate, Op, Record
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_clients import ServerScripts
+from tokenfuse._stores.redis_codec import key_of
 from tokenfuse._stores.redis_scripts import function_library
 
 pytestmark = pytest.mark.redis
@@ -278,3 +280,108 @@ def test_a_refused_load_moves_the_client_to_the_scripts(caplog: pytest.LogCaptur
     assert not server.functions and "Error compiling function" in server.reason
     assert server.heads["record"][0] == "EVALSHA"
     assert caplog.text.count("runs no Redis Functions") == 1
+
+
+# -- a cluster: each primary loads the library when it first needs it ---------------------------
+
+
+@pytest.fixture
+def cluster(cluster_url: str) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster_url)
+    for node, loaded in has_library(client).items():  # a first use on every primary
+        if loaded:
+            delete_library(client, node)
+    yield client
+    client.close()
+
+
+def has_library(cluster: RedisCluster) -> dict[str, bool]:
+    """Whether each primary holds the library."""
+    words = ("FUNCTION", "LIST", "LIBRARYNAME", LIBRARY.name)
+    listed = cluster.execute_command(*words, target_nodes="primaries")
+    return {node: bool(reply) for node, reply in listed.items()}
+
+
+def delete_library(cluster: RedisCluster, node: str) -> None:
+    cluster.execute_command(
+        "FUNCTION", "DELETE", LIBRARY.name, target_nodes=cluster.get_node(node_name=node)
+    )
+
+
+def identities_on(cluster: RedisCluster, prefix: str, node: str, count: int) -> list[str]:
+    """``count`` identities whose keys ``node`` owns."""
+    found = (f"id-{n}" for n in range(100_000))
+    mine = (i for i in found if cluster.get_node_from_key(key_of(prefix, i)).name == node)
+    return [next(mine) for _ in range(count)]
+
+
+def cluster_calls(cluster: RedisCluster) -> dict[str, dict[str, int]]:
+    stats = cluster.info("commandstats", target_nodes="primaries")
+    return {
+        node: {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in each.items()}
+        for node, each in stats.items()
+    }
+
+
+@pytest.mark.cluster
+async def test_each_primary_loads_the_library_when_its_keys_first_come(
+    cluster: RedisCluster, cluster_url: str
+) -> None:
+    prefix = unique_prefix()
+    first, *others = sorted(node.name for node in cluster.get_primaries())
+    assert not any(has_library(cluster).values())
+    before = cluster_calls(cluster)
+    store = RedisStore(cluster, prefix=prefix, clock=Clock(), open_keys=False)
+    try:
+        for identity in identities_on(cluster, prefix, first, 3):
+            assert store.run(Record(identity, 10, TIGHT)).rate == 10.0
+        assert has_library(cluster) == {first: True, **dict.fromkeys(others, False)}
+        astore = RedisStore.from_url(
+            cluster_url, cluster=True, prefix=prefix, clock=Clock(), open_keys=False
+        )
+        try:
+            for node in others:  # the asyncio client, and a pipeline of the sync one
+                (identity,) = identities_on(cluster, prefix, node, 1)
+                assert (await astore.arun(Record(identity, 10, TIGHT))).rate == 10.0
+                ops = [Record(identity, 10, TIGHT), Gate(identity), Record(identity, 5, TIGHT)]
+                assert [v.rate for v in store.run_many(ops)] == [20.0, 0.0, 25.0]
+            assert astore.scripts == "functions"
+        finally:
+            await astore.aclose()
+    finally:
+        store.close()
+    assert all(has_library(cluster).values())
+    assert store.scripts == "functions"
+    after = cluster_calls(cluster)
+    for node, counted in after.items():
+        assert counted["fcall"] > before[node].get("fcall", 0)
+        assert counted.get("evalsha", 0) == before[node].get("evalsha", 0)
+        # redis-py would ask a node for each FCALL's keys (redis_clients.learn_fcall_keys)
+        assert counted.get("command|getkeys", 0) == before[node].get("command|getkeys", 0)
+
+
+@pytest.mark.cluster
+async def test_a_function_flush_on_one_primary_is_healed(
+    cluster: RedisCluster, cluster_url: str
+) -> None:
+    prefix = unique_prefix()
+    flushed = sorted(node.name for node in cluster.get_primaries())[1]
+    identities = identities_on(cluster, prefix, flushed, 2)
+    store = RedisStore(cluster, prefix=prefix, clock=Clock(), open_keys=False)
+    astore = RedisStore.from_url(
+        cluster_url, cluster=True, prefix=prefix, clock=Clock(), open_keys=False
+    )
+    try:
+        assert store.run(Record(identities[0], 600, TIGHT)).allowed
+        delete_library(cluster, flushed)
+        assert store.run(Record(identities[0], 600, TIGHT)).tripped
+        delete_library(cluster, flushed)
+        assert not (await astore.arun(Gate(identities[0]))).allowed
+        delete_library(cluster, flushed)
+        verdicts = store.run_many([Record(identities[1], 10, TIGHT), Gate(identities[0])])
+        assert verdicts[0].rate == 10.0 and not verdicts[1].allowed
+    finally:
+        store.close()
+        await astore.aclose()
+    assert has_library(cluster)[flushed]
+    assert store.scripts == astore.scripts == "functions"

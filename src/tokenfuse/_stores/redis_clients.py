@@ -317,6 +317,40 @@ class AsyncScript(_Script):
         return self.server.loaded(None)
 
 
+_FCALLS = ("FCALL", "FCALL_RO")
+
+
+def _fcall_keys(words: Sequence[Any]) -> list[Any]:
+    """The keys of ``FCALL <function> <numkeys> <key>...``: where EVALSHA's are."""
+    return list(words[3 : 3 + int(words[2])])
+
+
+def learn_fcall_keys(client: SyncClient | AsyncClient) -> None:
+    """Teach a cluster client where an FCALL's keys are, as redis-py knows EVALSHA's: it
+    otherwise asks a node (COMMAND GETKEYS, twice per call) before routing each FCALL."""
+    parser: Any = getattr(client, "commands_parser", None)
+    if parser is None or getattr(parser, "knows_fcall_keys", False):
+        return
+    get_keys = parser.get_keys
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+
+        async def aget_keys(*words: Any) -> Any:
+            if str(words[0]).upper() in _FCALLS:
+                return _fcall_keys(words)
+            return await get_keys(*words)
+
+        parser.get_keys = aget_keys
+    else:
+
+        def sync_get_keys(connection: Any, *words: Any) -> Any:
+            if str(words[0]).upper() in _FCALLS:
+                return _fcall_keys(words)
+            return get_keys(connection, *words)
+
+        parser.get_keys = sync_get_keys
+    parser.knows_fcall_keys = True
+
+
 class _CommandTableOnce(AsyncCommandsParser):
     """redis-py's asyncio cluster client reloads the server's whole command table (COMMAND:
     100-300 ms of parsing on the event loop) each time it rebuilds its slot map, and it
@@ -448,6 +482,8 @@ class Clients:
                         )
                     self._sync = client = self._make_sync()
                     self._check(client)
+                    if isinstance(client, redis.cluster.RedisCluster):
+                        learn_fcall_keys(client)
                     server = self._sync_server = ServerScripts(f"{self.described} sync")
                     registered = {name: SyncScript(client, name, server) for name in SCRIPTS}
                     self._sync_scripts = self._sync_first_use(client, registered)
@@ -465,6 +501,8 @@ class Clients:
             # No lock: nothing awaits between the check and the assignment.
             self._async = client = self._make_async()
             self._check(client)
+            if isinstance(client, redis.asyncio.cluster.RedisCluster):
+                learn_fcall_keys(client)
             server = self._async_server = ServerScripts(f"{self.described} asyncio")
             registered: Mapping[str, AsyncCall] = {
                 name: AsyncScript(client, name, server) for name in SCRIPTS
