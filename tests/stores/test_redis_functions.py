@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import NoPermissionError
 
 from tests.conftest import Clock
 from tests.stores.conftest import OwnRedis, all_at_once, unique_prefix
 from tokenfuse import BucketPolicy, VelocityPolicy
 from tokenfuse._stores.ops import Admit, Gate, Op, Record
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_clients import ServerScripts
+from tokenfuse._stores.redis_clients import ServerScripts, retried_alone
 from tokenfuse._stores.redis_codec import key_of
 from tokenfuse._stores.redis_scripts import function_library
 
@@ -385,3 +386,16 @@ async def test_a_function_flush_on_one_primary_is_healed(
         await astore.aclose()
     assert has_library(cluster)[flushed]
     assert store.scripts == astore.scripts == "functions"
+
+
+def test_only_a_refusal_of_functions_moves_a_client_to_the_scripts() -> None:
+    """A missing key permission or a script's own error says nothing about functions."""
+    assert retried_alone(redis.ResponseError("Function not found"))
+    assert retried_alone(redis.ResponseError("unknown command 'FCALL', with args beginning"))
+    assert retried_alone(
+        NoPermissionError("this user has no permissions to run the 'fcall' command")
+    )
+    assert not retried_alone(
+        NoPermissionError("this user has no permissions to access one of the keys used")
+    )
+    assert not retried_alone(redis.ResponseError("user_function:3: tokenfuse: k holds no state"))

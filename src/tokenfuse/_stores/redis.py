@@ -1,10 +1,11 @@
 """``RedisStore``: the policy core run inside Redis as Lua, one round trip per decision.
 
-Every operation (``ops``) is one EVALSHA of its script (``lua/<op.name>.lua`` after the shared
-``_lib.lua``), so each decision is atomic across every process that shares the server, and
-needs no lock, pipeline or retry loop. ``redis_codec`` says how each operation becomes the
-script's arguments and how its reply becomes the result; ``run`` and ``arun`` differ only in
-awaiting the script call.
+Every operation (``ops``) is one FCALL of its function in tokenfuse's Redis Functions library
+(``lua/<op.name>.lua`` after the shared ``_lib.lua``; EVALSHA of it as a script where the
+server runs no functions: ``redis_clients``), so each decision is atomic across every process
+that shares the server, and needs no lock, pipeline or retry loop. ``redis_codec`` says how
+each operation becomes the script's arguments and how its reply becomes the result; ``run``
+and ``arun`` differ only in awaiting the script call.
 
 ``ListKeys``, the one operation about many keys, is no script: it walks the keyspace with
 ``SCAN`` (``redis_listing``).
@@ -21,7 +22,7 @@ default 14 days).
 **Gates without a round trip.** By default the store keeps a local view of the open keys
 (``open_keys``: a subscriber thread, started at the first gate, that every trip and reset
 anywhere reaches at once) and answers gates from it once it is synced; until then, and
-whenever the subscription is down, a gate is one EVALSHA as before. A loop check that only
+whenever the subscription is down, a gate is one round trip as before. A loop check that only
 asks "is this call tripped?" (``CheckLoops.local``) is answered from the same view's tripped
 calls. ``open_keys=False`` turns it off. A store over an asyncio client alone has no view
 (it needs a sync client).

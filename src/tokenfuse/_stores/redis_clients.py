@@ -128,8 +128,12 @@ def _function_missing(exc: BaseException) -> bool:
 
 def _functions_refused(exc: BaseException) -> bool:
     """The server cannot run an FCALL: Redis < 7, or FCALL renamed or disabled (an unknown
-    command), or this user may not (NOPERM)."""
-    return isinstance(exc, NoPermissionError) or "unknown command" in str(exc).lower()
+    command), or this user may not run it (NOPERM for the command; one for a key is the
+    key's, not the functions')."""
+    text = str(exc).lower()
+    if isinstance(exc, NoPermissionError):
+        return "'fcall" in text
+    return "unknown command" in text
 
 
 def retried_alone(reply: object) -> bool:
