@@ -12,9 +12,9 @@ and EVAL when the server answers NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted ser
 one EVAL, which caches the script again). The decision that found out is made in the same
 call; the move is logged once, with the reason, and shown as ``RedisStore.scripts``.
 
-The timeouts and pools of the clients built from a URL, and the
-checks of a client the caller gives, are in ``redis_budget``; the check of the server's
-memory policy is in ``redis_server``.
+The timeouts and pools of the clients built from a URL, and the checks of a client the caller
+gives, are in ``redis_budget``; the check of the server's memory policy is in
+``redis_server``.
 """
 
 from __future__ import annotations
@@ -332,8 +332,10 @@ def _fcall_keys(words: Sequence[Any]) -> list[Any]:
 def learn_fcall_keys(client: SyncClient | AsyncClient) -> None:
     """Teach a cluster client where an FCALL's keys are, as redis-py knows EVALSHA's: it
     otherwise asks a node (COMMAND GETKEYS, twice per call) before routing each FCALL."""
-    parser: Any = getattr(client, "commands_parser", None)
-    if parser is None or getattr(parser, "knows_fcall_keys", False):
+    if not isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        return  # a plain client sends every command to its one server
+    parser: Any = client.commands_parser
+    if getattr(parser, "knows_fcall_keys", False):
         return
     get_keys = parser.get_keys
     if isinstance(client, redis.asyncio.cluster.RedisCluster):
@@ -486,8 +488,7 @@ class Clients:
                         )
                     self._sync = client = self._make_sync()
                     self._check(client)
-                    if isinstance(client, redis.cluster.RedisCluster):
-                        learn_fcall_keys(client)
+                    learn_fcall_keys(client)
                     server = self._sync_server = ServerScripts(f"{self.described} sync")
                     registered = {name: SyncScript(client, name, server) for name in SCRIPTS}
                     self._sync_scripts = self._sync_first_use(client, registered)
@@ -505,8 +506,7 @@ class Clients:
             # No lock: nothing awaits between the check and the assignment.
             self._async = client = self._make_async()
             self._check(client)
-            if isinstance(client, redis.asyncio.cluster.RedisCluster):
-                learn_fcall_keys(client)
+            learn_fcall_keys(client)
             server = self._async_server = ServerScripts(f"{self.described} asyncio")
             registered: Mapping[str, AsyncCall] = {
                 name: AsyncScript(client, name, server) for name in SCRIPTS
@@ -531,8 +531,8 @@ class Clients:
 
     @property
     def scripts(self) -> str:
-        """ "functions" until a server of this store's clients refused them, then "evalsha"
-        (the reason is in ``scripts_reason``)."""
+        """How the decisions run: "functions" until a server of this store's clients refused
+        them, then "evalsha" (the reason is in ``scripts_reason``)."""
         return "evalsha" if self.scripts_reason else "functions"
 
     @property

@@ -141,9 +141,9 @@ class FunctionLibrary:
     functions: dict[str, str]  # operation -> its function's name
 
 
-#: Operations that write nothing: flagged ``no-writes``, so that, as their EVALSHA scripts,
-#: they still answer when the server is out of memory (Redis refuses every other function
-#: then, before it runs) or is a read-only replica.
+#: Operations that write nothing: flagged ``no-writes``, so that they still answer, as their
+#: EVALSHA scripts do, on a server out of memory (Redis refuses any other function then,
+#: before it runs) or on a read-only replica.
 _READ_ONLY = frozenset({"gate", "status", "run_read"})
 
 # The library's top-level code picks struct.pack when the server has it (Redis has, fakeredis
