@@ -103,9 +103,9 @@ async def _aexchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
 def _pipelined(client: Any, commands: Sequence[Command]) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for command in commands:
-        # execute_command, not evalsha() or fcall(): redis-py's cluster pipelines refuse the
-        # methods (not the commands), and route each by its key like any other
-        # (FCALL's: redis_clients.learn_fcall_keys).
+        # execute_command, not evalsha(): redis-py's cluster pipelines refuse the method
+        # (not the command), and route EVALSHA and FCALL by their key like any other
+        # (FCALL's key: redis_clients.learn_fcall_keys).
         pipe.execute_command(*command)
     return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
