@@ -399,3 +399,20 @@ def test_only_a_refusal_of_functions_moves_a_client_to_the_scripts() -> None:
         NoPermissionError("this user has no permissions to access one of the keys used")
     )
     assert not retried_alone(redis.ResponseError("user_function:3: tokenfuse: k holds no state"))
+
+
+async def test_a_first_pipeline_on_a_server_without_functions_still_decides(
+    no_fcall: OwnRedis,
+) -> None:
+    """Every FCALL of the batch refused: each operation made alone, on the EVALSHA path."""
+    store = store_on(no_fcall, Clock())
+    ops: list[Op[Any]] = [Record("k", 300, TIGHT), Record("k", 300, TIGHT), Gate("k")]
+    try:
+        verdicts = store.run_many(ops)
+        averdicts = await store.arun_many(ops)
+    finally:
+        await store.aclose()
+    assert [v.rate for v in verdicts[:2]] == [300.0, 600.0] and verdicts[2].allowed
+    assert [v.rate for v in averdicts[:2]] == [900.0, 1200.0] and averdicts[1].tripped
+    assert not averdicts[2].allowed
+    assert store.scripts == "evalsha"
