@@ -155,7 +155,8 @@ async def bare_commands(store: RedisStore) -> list[Any]:
     check = CheckLoops(key, "0" * 16, FailureLoopPolicy().core)
     for op in (admit, check):
         await store.arun(op)
-    return store._commands([admit, check], [store._known(op)[0] for op in (admit, check)])
+    keys = [store._known(op)[0] for op in (admit, check)]
+    return store._commands([admit, check], keys, store._clients.async_heads())
 
 
 REFERENCES = (

@@ -118,8 +118,8 @@ def server_time(url: str, prefix: str, calls: int, results: dict[str, list[float
     cases = {
         "redis PING": ("ping", client.ping),
         "redis EVALSHA of 'return 1'": ("evalsha", lambda: empty(keys=[f"{prefix}:se"])),
-        "Fuse.record (RedisStore)": ("evalsha", lambda: fuse.record("server", 10)),
-        "RedisStore.run(Admit)": ("evalsha", lambda: store.run(admit)),
+        "Fuse.record (RedisStore)": ("fcall", lambda: fuse.record("server", 10)),
+        "RedisStore.run(Admit)": ("fcall", lambda: store.run(admit)),
         "limits sliding-window hit (redis)": ("evalsha", lambda: sliding.hit(ITEM, prefix, "s")),
     }
     served: dict[str, float] = {}

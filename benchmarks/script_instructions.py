@@ -6,10 +6,14 @@ Starts a private ``redis-server`` under ``valgrind --tool=callgrind`` (on a Unix
 temporary folder, never the shared server), and for each case warms up, zeroes the counters,
 makes ``--calls`` calls and reads the server's instructions back: what the server does per
 call (parsing the request, the script, its commands, its garbage), not the client or the wire.
-The reference rows are what any decision pays (``PING``, ``EVALSHA`` of an empty script) and
-``limits``' sliding-window script; ``library only`` is the record script with its body cut
-to ``return 1``: against an empty script given the same arguments, the cost of making the
-closures of the library functions it carries, which Redis pays on every ``EVALSHA``.
+The reference rows are what any decision pays (``PING``; ``EVALSHA`` of an empty script and
+``FCALL`` of an empty function) and ``limits``' sliding-window script; ``library only`` is
+the record operation with its body cut to ``return 1``: as an ``EVALSHA`` script, against an
+empty script given the same arguments, the cost of making the closures of the library
+functions it carries, which Redis pays on every ``EVALSHA``; as a function of tokenfuse's
+library (``FCALL``), what is left of it (the library is built once, at FUNCTION LOAD). The
+decisions are measured both ways: ``FCALL`` (what a ``RedisStore`` sends) and ``EVALSHA`` (its
+fallback where the server runs no functions).
 ``--client`` counts the other side instead: this script's own instructions per call (redis-py,
 tokenfuse, ``limits``), each case run twice under callgrind. Needs valgrind and redis-server.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import logging
 import os
 import shutil
 import subprocess
@@ -34,7 +39,7 @@ from tokenfuse._middleware import CALL_VELOCITY
 from tokenfuse._stores.ops import Admit, Gate, Record
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_codec import CODECS
-from tokenfuse._stores.redis_scripts import script_sources
+from tokenfuse._stores.redis_scripts import _registration, function_library, script_sources
 
 POLICY = VelocityPolicy(cold_start_limit=None)
 BUCKET = BucketPolicy(rate=1e9, capacity=1e9)  # bench_middleware.py's
@@ -88,28 +93,63 @@ def build_cases(socket: str) -> dict[str, Callable[[], object]]:
         return clock[0]
 
     store = RedisStore.from_url(f"unix://{socket}", prefix="cg", open_keys=False, clock=tick)
+    scripts = evalsha_store(socket, tick)
     fuse = Fuse(store, velocity=POLICY, secret="benchmark-secret-of-32-characters")
     sliding = strategies.SlidingWindowCounterRateLimiter(storage.RedisStorage(f"unix://{socket}"))
     item = parse("1000000000/minute")
     empty = client.register_script("return 1")
     record = script_sources()["record"]
     library = client.register_script(record[: record.index("local now = clock(")] + "return 1")
+    load_functions(client)
     record_args = CODECS[Record].args(Record("k", 10, POLICY), repr(tick()), "1000000")
+    admit = Admit("a", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
     return {
         "PING": client.ping,
         "EVALSHA of 'return 1'": lambda: empty(keys=["cg:{empty}"]),
         "EVALSHA of 'return 1', the record's arguments": lambda: empty(
             keys=["cg:{empty}"], args=record_args
         ),
-        "limits sliding-window hit": lambda: sliding.hit(item, "cg", "k"),
-        "record script, library only": lambda: library(keys=["cg:{lib}"], args=record_args),
-        "Record": lambda: store.run(Record("k", 10, POLICY)),
-        "Fuse.record": lambda: fuse.record("agent", 10),
-        "Admit (bucket and velocity)": lambda: store.run(
-            Admit("a", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+        "FCALL of 'return 1'": lambda: client.fcall("cg_empty", 1, "cg:{empty}"),
+        "FCALL of 'return 1', the record's arguments": lambda: client.fcall(
+            "cg_empty", 1, "cg:{empty}", *record_args
         ),
-        "Gate (a round trip)": lambda: store.run(Gate("k")),
+        "limits sliding-window hit": lambda: sliding.hit(item, "cg", "k"),
+        "record script, library only (EVALSHA)": lambda: library(
+            keys=["cg:{lib}"], args=record_args
+        ),
+        "record function, library only (FCALL)": lambda: client.fcall(
+            "cg_library_only", 1, "cg:{lib}", *record_args
+        ),
+        "Record (EVALSHA)": lambda: scripts.run(Record("k", 10, POLICY)),
+        "Record (FCALL)": lambda: store.run(Record("k", 10, POLICY)),
+        "Fuse.record (FCALL)": lambda: fuse.record("agent", 10),
+        "Admit, bucket and velocity (EVALSHA)": lambda: scripts.run(admit),
+        "Admit, bucket and velocity (FCALL)": lambda: store.run(admit),
+        "Gate, a round trip (EVALSHA)": lambda: scripts.run(Gate("k")),
+        "Gate, a round trip (FCALL)": lambda: store.run(Gate("k")),
     }
+
+
+def evalsha_store(socket: str, clock: Callable[[], float]) -> RedisStore:
+    """A store moved to its EVALSHA scripts, as on a server that runs no functions."""
+    store = RedisStore.from_url(f"unix://{socket}", prefix="cg", open_keys=False, clock=clock)
+    store.run(Gate("k"))  # the sync client made
+    server = store._clients._sync_server
+    assert server is not None
+    logging.getLogger("tokenfuse").disabled = True  # its warning is not news here
+    server.fall_back(RuntimeError("measuring the EVALSHA path"))
+    logging.getLogger("tokenfuse").disabled = False
+    return store
+
+
+def load_functions(client: redis.Redis) -> None:
+    """The empty function, and tokenfuse's library with a function that is the record's
+    with its body cut to ``return 1``."""
+    empty = "#!lua name=cg_empty\nredis.register_function('cg_empty', function() return 1 end)"
+    client.function_load(empty, replace=True)
+    real = function_library()
+    cut = _registration("cg_library_only", False, "return 1")
+    client.function_load(real.code.replace(real.name, "cg_library") + "\n" + cut, replace=True)
 
 
 def client_instructions(socket: str, folder: str, name: str, calls: int) -> float:

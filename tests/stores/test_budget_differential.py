@@ -87,6 +87,7 @@ def test_lua_and_python_agree_on_runs(kind: str, request: pytest.FixtureRequest)
 
     try:
         check()
+        assert redis_store.scripts == "functions"  # FCALL, not the EVALSHA fallback
     finally:
         if owned is not None:
             client, prefix = owned

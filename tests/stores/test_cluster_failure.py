@@ -1,7 +1,9 @@
 """Drill: one primary of a replica-less Redis Cluster dies; the keys on the others stay guarded.
 
-Starts a private 3-node cluster (``scripts/redis-cluster.sh``, ports 7400-7402) and kills
-one primary by the PID in its pidfile. Two things used to stop enforcement for every key:
+Starts a private 3-node cluster (``scripts/redis-cluster.sh``, ports 7400-7402, or the three
+from ``TOKENFUSE_DRILL_PORT``) and kills one primary by the PID in its pidfile; the others
+lose their function library then, and load it again. Two things used to stop enforcement for
+every key:
 
 * the server: with ``cluster-require-full-coverage yes`` (Redis's default) the live nodes
   answer CLUSTERDOWN for *every* key once the dead one is flagged FAIL (about 4 s with the
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
 from tests.middleware.servers import ROOT, _answers
@@ -39,7 +42,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
 ]
 
-FIRST_PORT = 7400
+FIRST_PORT = int(os.environ.get("TOKENFUSE_DRILL_PORT", "7400"))  # and the next two
 PORTS = (FIRST_PORT, FIRST_PORT + 1, FIRST_PORT + 2)
 PREFIX = "tf-drill"
 CEILING = VelocityPolicy(limit=100)
@@ -107,6 +110,10 @@ async def test_keys_on_live_nodes_keep_being_enforced(private_cluster: Path) -> 
         assert fuse.record(who, 1).allowed and not (await fuse.arecord(who, 1)).degraded
 
     kill_primary(private_cluster, victim)
+    for port in PORTS:  # each live node must load the library again while one primary is dead
+        if port != victim:
+            with redis.Redis(port=port) as node:
+                node.function_flush()
     on_live = {who for port, group in by_port.items() if port != victim for who in group}
     everyone = sorted(who for group in by_port.values() for who in group)
     rng = random.Random(8)
@@ -126,8 +133,8 @@ async def test_keys_on_live_nodes_keep_being_enforced(private_cluster: Path) -> 
     tripping = sorted(on_live)[0]
     trip = fuse.record(tripping, 150)
     assert trip.tripped, (trip, fuse.health.counts)
-    # The gate script was never run on this node before: it is loaded there, not on every
-    # primary (which the dead one would refuse).
+    # The library was loaded on this node again after its flush, not on every primary (which
+    # the dead one would refuse); the gate's function runs there.
     assert not (await fuse.agate(tripping)).allowed
     assert [e.kind for e in events].count("store_recovered") <= 1
     await store.aclose()

@@ -311,6 +311,7 @@ def check(scenario: Scenario, client: redis.Redis) -> None:
             assert lua.run(read) == status
             if status.samples:
                 event("learned minutes" if not status.established else "established")
+        assert lua.scripts == "functions"  # FCALL of the library, not the EVALSHA fallback
     finally:
         delete_prefix(client, prefix)
 

@@ -185,6 +185,7 @@ def run(scenario: Scenario, client: redis.Redis) -> None:
             for key in KEYS:
                 stored = loop_state(client.get(loops_key_of(prefix, key)))
                 assert stored == memory_state(memory, key), f"state after step {step}: {op}"
+        assert lua.scripts == "functions"  # FCALL of the library, not the EVALSHA fallback
     finally:
         delete_prefix(client, prefix)
         for key in KEYS:

@@ -73,18 +73,16 @@ def admin(own_redis: OwnRedis) -> Iterator[redis.Redis]:
         yield client
 
 
-async def test_a_flushed_script_is_sent_again_with_eval(
-    own_redis: OwnRedis, admin: redis.Redis
-) -> None:
+async def test_a_flushed_library_is_loaded_again(own_redis: OwnRedis, admin: redis.Redis) -> None:
     store = store_on(own_redis)
     try:
         store.run(Record("k", 600, CEILING))
         await store.arun(Gate("k"))  # the first uses, which check the server, done
         assert direct(store._clients.sync_scripts()["record"])
         assert direct(store._clients.async_scripts()["gate"])
-        admin.script_flush()
+        admin.function_flush()  # (the EVALSHA fallback's SCRIPT FLUSH: test_redis_functions)
         assert store.run(Record("k", 600, CEILING)).tripped  # both calls counted
-        admin.script_flush()
+        admin.function_flush()
         assert not (await store.arun(Gate("k"))).allowed
     finally:
         await store.aclose()
@@ -199,7 +197,7 @@ def test_redis_pys_metrics_turned_on_see_every_script_call(
         metrics = redis_direct.get_observability_instance()
         monkeypatch.setattr(metrics, "is_enabled", lambda: True)
         store.run(Gate("k"))
-        assert calls == [("EVALSHA",)]
+        assert calls == [("FCALL",)]
     finally:
         store.close()
 
@@ -215,7 +213,7 @@ def test_a_wrapped_execute_command_sees_every_script_call(
         store.run(Gate("k"))
         monkeypatch.setattr(redis.Redis, "execute_command", traced)
         store.run(Gate("k"))
-        assert calls == [("EVALSHA",)]
+        assert calls == [("FCALL",)]
     finally:
         store.close()
 

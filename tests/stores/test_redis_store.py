@@ -30,7 +30,7 @@ def test_it_is_a_store_with_both_faces() -> None:
     store = RedisStore.from_url("redis://127.0.0.1:1/0")
     assert isinstance(store, Store)
     assert isinstance(store, SyncStore) and isinstance(store, AsyncStore)
-    assert repr(store) == "RedisStore(prefix='tokenfuse', sync+async)"  # never the URL
+    assert repr(store) == "RedisStore(prefix='tokenfuse', sync+async, scripts=functions)"  # no URL
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,11 @@
 """``RedisStore``: the policy core run inside Redis as Lua, one round trip per decision.
 
-Every operation (``ops``) is one EVALSHA of its script (``lua/<op.name>.lua`` after the shared
-``_lib.lua``), so each decision is atomic across every process that shares the server, and
-needs no lock, pipeline or retry loop. ``redis_codec`` says how each operation becomes the
-script's arguments and how its reply becomes the result; ``run`` and ``arun`` differ only in
-awaiting the script call.
+Every operation (``ops``) is one FCALL of its function in tokenfuse's Redis Functions library
+(``lua/<op.name>.lua`` after the shared ``_lib.lua``; EVALSHA of it as a script where the
+server runs no functions: ``redis_clients``), so each decision is atomic across every process
+that shares the server, and needs no lock, pipeline or retry loop. ``redis_codec`` says how
+each operation becomes the script's arguments and how its reply becomes the result; ``run``
+and ``arun`` differ only in awaiting the script call.
 
 ``ListKeys``, the one operation about many keys, is no script: it walks the keyspace with
 ``SCAN`` (``redis_listing``).
@@ -21,7 +22,7 @@ default 14 days).
 **Gates without a round trip.** By default the store keeps a local view of the open keys
 (``open_keys``: a subscriber thread, started at the first gate, that every trip and reset
 anywhere reaches at once) and answers gates from it once it is synced; until then, and
-whenever the subscription is down, a gate is one EVALSHA as before. A loop check that only
+whenever the subscription is down, a gate is one round trip as before. A loop check that only
 asks "is this call tripped?" (``CheckLoops.local``) is answered from the same view's tripped
 calls. ``open_keys=False`` turns it off. A store over an asyncio client alone has no view
 (it needs a sync client).
@@ -37,8 +38,6 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-from redis.exceptions import NoScriptError
-
 from .._errors import ConfigurationError
 from . import redis_listing
 from .open_keys import OpenKeys
@@ -48,9 +47,10 @@ from .redis_clients import (
     REDIS_ERRORS,
     AsyncClient,
     Clients,
+    Head,
     SyncClient,
     Unavailable,
-    script_shas,
+    retried_alone,
     unavailable,
 )
 from .redis_codec import CODECS, Args
@@ -144,7 +144,20 @@ class RedisStore:
         )
 
     def __repr__(self) -> str:
-        return f"RedisStore(prefix={self.prefix!r}, {self._clients.described})"
+        described = self._clients.described
+        return f"RedisStore(prefix={self.prefix!r}, {described}, scripts={self.scripts})"
+
+    @property
+    def scripts(self) -> str:
+        """How the server runs the decisions: "functions" (FCALL of tokenfuse's library), or
+        "evalsha" once a server showed it cannot (Redis < 7, FCALL or FUNCTION renamed or
+        denied to the user); ``scripts_reason`` says why."""
+        return self._clients.scripts
+
+    @property
+    def scripts_reason(self) -> str:
+        """Why the decisions are EVALSHA scripts: the server's answer ("" with functions)."""
+        return self._clients.scripts_reason
 
     @property
     def has_sync(self) -> bool:
@@ -227,11 +240,11 @@ class RedisStore:
         if len(sending) <= 1:
             sent = [self._send(op, key) for op, key in zip(sending, keys, strict=True)]
             return _merged(known, sent)
-        commands = self._commands(sending, keys)
+        commands = self._commands(sending, keys, self._clients.sync_heads())
         with Unavailable("batch"):
             replies = send_all(self._clients.sync_client(), commands)
             scripts = self._clients.sync_scripts()
-            for at in _missing_scripts(replies):  # NOSCRIPT: EVAL, which caches it
+            for at in _missing_scripts(replies):  # run alone: it loads what is missing
                 replies[at] = scripts[sending[at].name]((keys[at],), self._args(sending[at]))
         return _merged(known, self._results(sending, keys, replies))
 
@@ -241,7 +254,7 @@ class RedisStore:
         if len(sending) <= 1:
             sent = [await self._asend(op, key) for op, key in zip(sending, keys, strict=True)]
             return _merged(known, sent)
-        commands = self._commands(sending, keys)
+        commands = self._commands(sending, keys, self._clients.async_heads())
         with Unavailable("batch"):
             replies = await asend_all(self._clients.async_client(), commands)
             scripts = self._clients.async_scripts()
@@ -263,12 +276,12 @@ class RedisStore:
                 sending.append(op)
         return known, keys, sending
 
-    def _commands(self, ops: Sequence[Op[Any]], keys: Sequence[str]) -> list[Command]:
-        """The operations' EVALSHAs."""
-        shas = script_shas()
+    def _commands(
+        self, ops: Sequence[Op[Any]], keys: Sequence[str], heads: dict[str, Head]
+    ) -> list[Command]:
+        """The operations' calls: FCALLs, or EVALSHAs (``redis_clients.ServerScripts``)."""
         return [
-            ("EVALSHA", shas[op.name], 1, key, *self._args(op))
-            for op, key in zip(ops, keys, strict=True)
+            (*heads[op.name], 1, key, *self._args(op)) for op, key in zip(ops, keys, strict=True)
         ]
 
     def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:
@@ -309,10 +322,11 @@ def _merged(known: list[Any], sent: list[Any]) -> list[Any]:
 
 
 def _missing_scripts(replies: list[Any]) -> Iterator[int]:
-    """The replies of a pipeline that failed for want of their script (the server restarted
-    or flushed its scripts); any other error is raised."""
+    """The replies of a pipeline that failed for want of their script or function (the server
+    restarted or flushed them, or runs no functions: ``redis_clients.retried_alone``); any
+    other error is raised."""
     for at, reply in enumerate(replies):
-        if isinstance(reply, NoScriptError):
+        if retried_alone(reply):
             yield at
         elif isinstance(reply, Exception):
             raise reply

@@ -32,7 +32,7 @@ __all__ = ["Command", "asend_all", "on_pooled_connection", "on_pooled_connection
 
 T = TypeVar("T")
 
-#: One command: its name and arguments (``("EVALSHA", sha, 1, key, *args)``).
+#: One command: its name and arguments (``("FCALL", function, 1, key, *args)``).
 Command = Sequence[Any]
 
 
@@ -105,7 +105,8 @@ def _pipelined(client: Any, commands: Sequence[Command]) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for command in commands:
         # execute_command, not evalsha(): redis-py's cluster pipelines refuse the method
-        # (not the command), and route EVALSHA by its key like any other.
+        # (not the command), and route EVALSHA and FCALL by their key like any other
+        # (FCALL's key: redis_clients.learn_fcall_keys).
         pipe.execute_command(*command, NEVER_DECODE=True)
     return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 

@@ -1,11 +1,20 @@
 """The redis-py clients behind a ``RedisStore``: one given by the caller, or a sync and an asyncio
 client built lazily from a URL, each with the operation scripts registered on it.
 
-Each operation is EVALSHA, and EVAL when the server answers NOSCRIPT (a ``SCRIPT FLUSH`` or a
-restarted server costs one EVAL, which caches the script again), on standalone, Sentinel and
-Cluster clients alike. The timeouts and pools of the clients built from a URL, and the
-checks of a client the caller gives, are in ``redis_budget``; the check of the server's
-memory policy is in ``redis_server``.
+Each operation is an FCALL of its function in tokenfuse's Redis Functions library
+(``redis_scripts.function_library``), on standalone, Sentinel and Cluster clients alike. A
+server that answers that the function does not exist (its first use, a restart, a
+``FUNCTION FLUSH``) gets the library (FUNCTION LOAD on that node: the key's, in a cluster)
+and the call is made again; "library already exists" is another process's load, as good.
+A server that cannot run functions (Redis < 7, FCALL or FUNCTION renamed or disabled, an ACL
+user denied them, a library it refuses) moves that client to the scripts for good: EVALSHA,
+and EVAL when the server answers NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted server costs
+one EVAL, which caches the script again). The decision that found out is made in the same
+call; the move is logged once, with the reason, and shown as ``RedisStore.scripts``.
+
+The timeouts and pools of the clients built from a URL, and the checks of a client the caller
+gives, are in ``redis_budget``; the check of the server's memory policy is in
+``redis_server``.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ try:
     import redis.asyncio.cluster
     import redis.cluster
     from redis._parsers.commands import AsyncCommandsParser
-    from redis.exceptions import NoScriptError
+    from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("RedisStore needs redis-py: pip install 'tokenfuse[redis]'") from exc
 
@@ -38,7 +47,7 @@ from .redis_budget import (
     url_options,
 )
 from .redis_direct import async_sender, sync_sender
-from .redis_scripts import script_sources
+from .redis_scripts import SCRIPTS, function_library, script_sources
 from .redis_server import acheck_server, check_server
 
 __all__ = [
@@ -46,8 +55,11 @@ __all__ = [
     "REDIS_ERRORS",
     "AsyncClient",
     "Clients",
+    "Head",
+    "ServerScripts",
     "SyncClient",
     "Unavailable",
+    "retried_alone",
     "script_shas",
     "unavailable",
 ]
@@ -106,27 +118,126 @@ def _cluster_url(url: str) -> tuple[str, bool]:
     return (f"{plain}{sep}{rest}", True) if plain else (url, False)
 
 
-class _Script:
-    """One operation's script on one client: EVALSHA, and EVAL when the server lacks it.
+#: What one operation's call starts with: ``("FCALL", function)`` or ``("EVALSHA", sha)``.
+Head = tuple[str, str]
 
-    redis-py's ``register_script`` answers NOSCRIPT with a SCRIPT LOAD, which a cluster client
+
+def _function_missing(exc: BaseException) -> bool:
+    return str(exc).startswith("Function not found")
+
+
+def _functions_refused(exc: BaseException) -> bool:
+    """The server cannot run an FCALL: Redis < 7, or FCALL renamed or disabled (an unknown
+    command), or this user may not run it (NOPERM for the command; one for a key is the
+    key's, not the functions')."""
+    text = str(exc).lower()
+    if isinstance(exc, NoPermissionError):
+        return "'fcall" in text
+    return "unknown command" in text
+
+
+def retried_alone(reply: object) -> bool:
+    """Whether a pipelined reply is an error that the operation's own call recovers from
+    (NOSCRIPT; a function or the functions missing): the call was not run, run it alone."""
+    if isinstance(reply, NoScriptError):
+        return True
+    return isinstance(reply, ResponseError) and (
+        _function_missing(reply) or _functions_refused(reply)
+    )
+
+
+def _node_of(client: Any, key: str) -> dict[str, Any]:
+    """Where FUNCTION LOAD goes: a cluster's key's node (only the node that lacks it: with
+    one primary down the others still load), anywhere else the one server."""
+    if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        return {"target_nodes": client.get_node_from_key(key)}
+    return {}
+
+
+class ServerScripts:
+    """How one client's server runs the operations: as Redis Functions until it shows it
+    cannot, then as EVALSHA scripts for good. Shared by that client's ``_Script``s."""
+
+    def __init__(self, described: str) -> None:
+        self.described = described  # the client's kind, for the log line
+        self.functions = True
+        self.reason = ""  # why not, once the server refused functions
+        self.scripts: list[_Script] = []
+        library = function_library()
+        self.load = ("FUNCTION", "LOAD", library.code)
+        self.fcall_heads = {op: ("FCALL", name) for op, name in library.functions.items()}
+        self.evalsha_heads = {op: ("EVALSHA", sha) for op, sha in script_shas().items()}
+        self._lock = threading.Lock()
+
+    @property
+    def heads(self) -> dict[str, Head]:
+        """Each operation's head, for a pipeline (``RedisStore._commands``)."""
+        return self.fcall_heads if self.functions else self.evalsha_heads
+
+    def fall_back(self, exc: BaseException) -> None:
+        """Every operation of this client EVALSHA from now on; said once."""
+        with self._lock:
+            if not self.functions:
+                return
+            self.functions, self.reason = False, f"{type(exc).__name__}: {exc}"
+            for script in self.scripts:
+                script.head = script.evalsha_head
+        logger.warning(
+            "tokenfuse: this Redis runs no Redis Functions for the %s client (%s); its "
+            "decisions are EVALSHA scripts instead, as before Redis 7 (slower by the cost "
+            "of rebuilding the Lua library on every call)",
+            self.described,
+            self.reason,
+        )
+
+    def loaded(self, exc: BaseException | None) -> bool:
+        """After FUNCTION LOAD answered ``exc`` (None: loaded): whether the library is there;
+        a refusal other than another process's load moves the client to EVALSHA."""
+        if exc is None or "already exists" in str(exc):
+            return True
+        self.fall_back(exc)
+        return False
+
+
+class _Script:
+    """One operation on one client: FCALL of its function, or EVALSHA of its script when the
+    server runs no functions (``ServerScripts``); each recovers as the module says.
+
+    On a NOSCRIPT, redis-py's ``register_script`` would SCRIPT LOAD, which a cluster client
     sends to every primary: with one primary down, a script that a live node had not cached
     yet (its first use there, or after a restart) could never be loaded. EVAL runs on the
-    key's own node and caches the script there.
+    key's own node and caches the script there; FUNCTION LOAD goes to the key's node alone.
 
-    EVALSHA goes straight to a pooled connection on a plain client (``redis_direct``); the
-    rare EVAL through the client's ``execute_command``. Both read the reply undecoded
+    FCALL and EVALSHA go straight to a pooled connection on a plain client (``redis_direct``);
+    the rare EVAL and FUNCTION LOAD through the client. Every reply is read undecoded
     (``NEVER_DECODE``): decisions reply with packed doubles.
     """
 
-    __slots__ = ("client", "send", "sha", "source")
+    __slots__ = ("client", "evalsha_head", "head", "send", "server", "sha", "source")
 
-    send: Callable[[tuple[Any, ...]], Any]  # the EVALSHA's words -> its reply (or awaitable)
+    send: Callable[[tuple[Any, ...]], Any]  # the call's words -> its reply (or awaitable)
 
-    def __init__(self, client: Any, source: str) -> None:
+    def __init__(self, client: Any, name: str, server: ServerScripts) -> None:
         self.client = client
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()  # as script_shas()
+        self.server = server
+        self.source = script_sources()[name]
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()  # as script_shas()
+        self.evalsha_head: Head = ("EVALSHA", self.sha)
+        self.head = server.fcall_heads[name] if server.functions else self.evalsha_head
+        server.scripts.append(self)
+
+    def _next(self, exc: ResponseError, head: Head) -> str:
+        """What to do after ``head``'s call failed with ``exc``: "eval", "load", "evalsha"
+        (the server runs no functions: moved for good), or raise it."""
+        if isinstance(exc, NoScriptError):
+            return "eval"
+        if head[0] == "FCALL":
+            if _function_missing(exc):
+                return "load"
+            if _functions_refused(exc):
+                self.server.fall_back(exc)
+                return "evalsha"
+        raise exc
 
 
 @functools.cache
@@ -138,31 +249,117 @@ def script_shas() -> dict[str, str]:
 
 
 class SyncScript(_Script):
-    def __init__(self, client: SyncClient, source: str) -> None:
-        super().__init__(client, source)
+    def __init__(self, client: SyncClient, name: str, server: ServerScripts) -> None:
+        super().__init__(client, name, server)
         self.send = sync_sender(client)
 
     def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        head = self.head
         try:
-            return self.send(("EVALSHA", self.sha, len(keys), *keys, *args))
-        except NoScriptError:
-            return self.client.execute_command(
-                "EVAL", self.source, len(keys), *keys, *args, NEVER_DECODE=True
-            )
+            return self.send((*head, len(keys), *keys, *args))
+        except ResponseError as exc:
+            return self._recover(exc, head, keys, args)
+
+    def _recover(
+        self, exc: ResponseError, head: Head, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        step = self._next(exc, head)
+        if step == "load" and self._load(keys[0]):
+            try:
+                return self.send((*head, len(keys), *keys, *args))
+            except ResponseError as again:  # flushed again at once: this call EVALSHA
+                if not _function_missing(again):
+                    raise
+        if step != "eval":
+            try:
+                return self.send((*self.evalsha_head, len(keys), *keys, *args))
+            except NoScriptError:
+                pass
+        return self.client.execute_command(
+            "EVAL", self.source, len(keys), *keys, *args, NEVER_DECODE=True
+        )
+
+    def _load(self, key: str) -> bool:
+        try:
+            self.client.execute_command(*self.server.load, **_node_of(self.client, key))
+        except ResponseError as exc:
+            return self.server.loaded(exc)
+        return self.server.loaded(None)
 
 
 class AsyncScript(_Script):
-    def __init__(self, client: AsyncClient, source: str) -> None:
-        super().__init__(client, source)
+    def __init__(self, client: AsyncClient, name: str, server: ServerScripts) -> None:
+        super().__init__(client, name, server)
         self.send = async_sender(client)
 
     async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        head = self.head
         try:
-            return await self.send(("EVALSHA", self.sha, len(keys), *keys, *args))
-        except NoScriptError:
-            return await self.client.execute_command(
-                "EVAL", self.source, len(keys), *keys, *args, NEVER_DECODE=True
-            )
+            return await self.send((*head, len(keys), *keys, *args))
+        except ResponseError as exc:
+            return await self._recover(exc, head, keys, args)
+
+    async def _recover(
+        self, exc: ResponseError, head: Head, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        step = self._next(exc, head)
+        if step == "load" and await self._load(keys[0]):
+            try:
+                return await self.send((*head, len(keys), *keys, *args))
+            except ResponseError as again:
+                if not _function_missing(again):
+                    raise
+        if step != "eval":
+            try:
+                return await self.send((*self.evalsha_head, len(keys), *keys, *args))
+            except NoScriptError:
+                pass
+        return await self.client.execute_command(
+            "EVAL", self.source, len(keys), *keys, *args, NEVER_DECODE=True
+        )
+
+    async def _load(self, key: str) -> bool:
+        try:
+            await self.client.execute_command(*self.server.load, **_node_of(self.client, key))
+        except ResponseError as exc:
+            return self.server.loaded(exc)
+        return self.server.loaded(None)
+
+
+_FCALLS = ("FCALL", "FCALL_RO")
+
+
+def _fcall_keys(words: Sequence[Any]) -> list[Any]:
+    """The keys of ``FCALL <function> <numkeys> <key>...``: where EVALSHA's are."""
+    return list(words[3 : 3 + int(words[2])])
+
+
+def learn_fcall_keys(client: SyncClient | AsyncClient) -> None:
+    """Teach a cluster client where an FCALL's keys are, as redis-py knows EVALSHA's: it
+    otherwise asks a node (COMMAND GETKEYS, twice per call) before routing each FCALL."""
+    if not isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        return  # a plain client sends every command to its one server
+    parser: Any = client.commands_parser
+    if getattr(parser, "knows_fcall_keys", False):
+        return
+    get_keys = parser.get_keys
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+
+        async def aget_keys(*words: Any) -> Any:
+            if str(words[0]).upper() in _FCALLS:
+                return _fcall_keys(words)
+            return await get_keys(*words)
+
+        parser.get_keys = aget_keys
+    else:
+
+        def sync_get_keys(connection: Any, *words: Any) -> Any:
+            if str(words[0]).upper() in _FCALLS:
+                return _fcall_keys(words)
+            return get_keys(connection, *words)
+
+        parser.get_keys = sync_get_keys
+    parser.knows_fcall_keys = True
 
 
 class _CommandTableOnce(AsyncCommandsParser):
@@ -208,6 +405,8 @@ class Clients:
         self._async: AsyncClient | None = None
         self._sync_scripts: Mapping[str, SyncCall] | None = None
         self._async_scripts: Mapping[str, AsyncCall] | None = None
+        self._sync_server: ServerScripts | None = None
+        self._async_server: ServerScripts | None = None
         self._server_checked = False
         self._lock = threading.Lock()
 
@@ -294,10 +493,9 @@ class Clients:
                         )
                     self._sync = client = self._make_sync()
                     self._check(client)
-                    registered = {
-                        name: SyncScript(client, source)
-                        for name, source in script_sources().items()
-                    }
+                    learn_fcall_keys(client)
+                    server = self._sync_server = ServerScripts(f"{self.described} sync")
+                    registered = {name: SyncScript(client, name, server) for name in SCRIPTS}
                     self._sync_scripts = self._sync_first_use(client, registered)
                 scripts = self._sync_scripts
         return scripts
@@ -313,14 +511,40 @@ class Clients:
             # No lock: nothing awaits between the check and the assignment.
             self._async = client = self._make_async()
             self._check(client)
+            learn_fcall_keys(client)
+            server = self._async_server = ServerScripts(f"{self.described} asyncio")
             registered: Mapping[str, AsyncCall] = {
-                name: AsyncScript(client, source) for name, source in script_sources().items()
+                name: AsyncScript(client, name, server) for name in SCRIPTS
             }
             if isinstance(client, redis.asyncio.cluster.RedisCluster):
                 in_turn = TurnTaking.for_client(client)
                 registered = {name: in_turn(script) for name, script in registered.items()}
             scripts = self._async_scripts = self._async_first_use(client, registered)
         return scripts
+
+    def sync_heads(self) -> dict[str, Head]:
+        """What each operation's call starts with on the sync client (FCALL or EVALSHA)."""
+        self.sync_scripts()
+        assert self._sync_server is not None
+        return self._sync_server.heads
+
+    def async_heads(self) -> dict[str, Head]:
+        """``sync_heads`` for the asyncio client."""
+        self.async_scripts()
+        assert self._async_server is not None
+        return self._async_server.heads
+
+    @property
+    def scripts(self) -> str:
+        """How the decisions run: "functions" until a server of this store's clients refused
+        them, then "evalsha" (the reason is in ``scripts_reason``)."""
+        return "evalsha" if self.scripts_reason else "functions"
+
+    @property
+    def scripts_reason(self) -> str:
+        """Why a client runs EVALSHA scripts ("" while every client runs functions)."""
+        servers = (self._sync_server, self._async_server)
+        return "; ".join(server.reason for server in servers if server and server.reason)
 
     def sync_client(self) -> SyncClient:
         """The sync client itself, for commands other than the scripts (``ListKeys``, the

@@ -1,4 +1,4 @@
-"""EVALSHA sent straight on a pooled connection: the decisions' path, on plain clients.
+"""A decision's FCALL (or EVALSHA) sent straight on a pooled connection, on plain clients.
 
 redis-py's ``execute_command`` wraps every command in work a decision does not use: its
 metrics recorder (called whether metrics are on or not), a closure per call, a check for
@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - depends on the redis-py installed
 
 __all__ = ["async_sender", "sync_sender"]
 
-#: A command's words (``("EVALSHA", sha, 1, key, *args)``) -> its reply.
+#: A command's words (``("FCALL", function, 1, key, *args)``) -> its reply.
 SyncSend = Callable[[tuple[Any, ...]], Any]
 AsyncSend = Callable[[tuple[Any, ...]], Awaitable[Any]]
 
