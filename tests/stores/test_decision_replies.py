@@ -1,12 +1,14 @@
 """Decisions reply with packed doubles (``redis_codec``, "replies"), which every path a decision
 takes reads undecoded: a client built with ``decode_responses=True`` gets the very verdicts a
-plain client gets, sync and asyncio, standalone and Cluster, one call or a batch, EVALSHA or
-the EVAL after NOSCRIPT. A reply the codec cannot read (a proxy that mangles it) is the
+plain client gets, sync and asyncio, standalone and Cluster, one call or a batch, FCALL or
+EVALSHA, and after a flush.  A reply the codec cannot read (a proxy that mangles it) is the
 store's failure, on which the fuse fails open, or closed when told to."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,29 +158,49 @@ def test_a_watched_decoding_client_gets_the_same_verdicts(redis_url: str, clock:
     store = RedisStore(client, prefix=unique_prefix(), clock=clock, open_keys=False)
     try:
         assert [store.run(op) for op in decisions("one")] == single
-        assert calls.count("EVALSHA") >= len(single)
+        assert calls.count("FCALL") + calls.count("EVALSHA") >= len(single)
     finally:
         forget(store, redis_url)
         forget(expected, redis_url)
         client.close()
 
 
+@pytest.fixture(params=["functions", "evalsha"])
+def flushed_server(
+    request: pytest.FixtureRequest, free_port: int, tmp_path: Path
+) -> Iterator[tuple[OwnRedis, str]]:
+    """A server of the test's own that runs the decisions as functions, or, its FCALL
+    disabled, as EVALSHA scripts; and which of the two."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server on PATH to start a server of the test's own")
+    disabled = ("--rename-command", "FCALL", "") if request.param == "evalsha" else ()
+    server = OwnRedis(free_port, tmp_path, *disabled)
+    server.start()
+    yield server, request.param
+    server.stop()
+
+
 @pytest.mark.parametrize("kind", ["plain", "single connection"])
-async def test_after_script_flush_eval_replies_are_read_undecoded_too(
-    own_redis: OwnRedis, redis_url: str, clock: Clock, kind: str
+async def test_after_a_flush_the_reloaded_replies_are_read_undecoded_too(
+    flushed_server: tuple[OwnRedis, str], redis_url: str, clock: Clock, kind: str
 ) -> None:
-    """Scripts flushed before each call and batch: every one is NOSCRIPT, then EVAL (each of a
-    batch's, in order)."""
+    """Functions or scripts flushed before each call and batch: every call finds its function
+    missing and loads the library (FUNCTION LOAD, then FCALL again), or its script missing
+    (NOSCRIPT, then EVAL), each of a batch's in order."""
+    server, scripts = flushed_server
     expected, single, many = reference(redis_url, clock)
-    sync_client = sync_clients(own_redis.url)[kind]()
-    async_client = async_clients(own_redis.url)[kind]()
-    admin = redis.Redis.from_url(own_redis.url)
+    sync_client = sync_clients(server.url)[kind]()
+    async_client = async_clients(server.url)[kind]()
+    admin = redis.Redis.from_url(server.url)
+    flush = admin.function_flush if scripts == "functions" else admin.script_flush
     try:
         store = RedisStore(sync_client, prefix="flushed", clock=clock, open_keys=False)
-        assert sync_run(store, admin.script_flush) == (single, many)
+        assert sync_run(store, flush) == (single, many)
+        assert store.scripts == scripts
         admin.flushall()
         store = RedisStore(async_client, prefix="flushed", clock=clock, open_keys=False)
-        assert await async_run(store, admin.script_flush) == (single, many)
+        assert await async_run(store, flush) == (single, many)
+        assert store.scripts == scripts
     finally:
         forget(expected, redis_url)
         sync_client.close()
@@ -189,7 +211,8 @@ async def test_after_script_flush_eval_replies_are_read_undecoded_too(
 async def test_decoding_cluster_clients_get_the_verdicts_of_a_plain_one(
     cluster_url: str, redis_url: str, clock: Clock
 ) -> None:
-    """Their own pipelines for a batch; after SCRIPT FLUSH (every primary's), EVAL."""
+    """Their own pipelines for a batch; after FUNCTION FLUSH (every primary's), the library
+    loaded again on each key's node."""
     expected, single, many = reference(redis_url, clock)
     sync_client = redis.cluster.RedisCluster.from_url(cluster_url, decode_responses=True)
     async_client = redis.asyncio.cluster.RedisCluster.from_url(cluster_url, decode_responses=True)
@@ -205,8 +228,12 @@ async def test_decoding_cluster_clients_get_the_verdicts_of_a_plain_one(
         sync_run(store_on(sync_client))
         assert sync_run(store_on(sync_client)) == (single, many)
         assert await async_run(store_on(async_client)) == (single, many)
-        assert sync_run(store_on(sync_client), sync_client.script_flush) == (single, many)
-        flushed = await async_run(store_on(async_client), sync_client.script_flush)
+
+        def flush() -> None:
+            sync_client.execute_command("FUNCTION", "FLUSH", target_nodes=sync_client.PRIMARIES)
+
+        assert sync_run(store_on(sync_client), flush) == (single, many)
+        flushed = await async_run(store_on(async_client), flush)
         assert flushed == (single, many)
     finally:
         forget(expected, redis_url)

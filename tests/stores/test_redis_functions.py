@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ def test_the_library_binds_struct_at_its_first_call(
     admin.function_load(probe)
     assert admin.fcall("probe_bound", 0) == [b"false", b"false", b"false"]
     gate = LIBRARY.functions["gate"].replace(LIBRARY.name, "probe")
-    assert admin.fcall(gate, 1, "fn:{k}", "") == b"1"
+    assert admin.fcall(gate, 1, "fn:{k}", "") == struct.pack("<d", 1.0)  # allowed
     assert admin.fcall("probe_bound", 0) == [b"true", b"true", b"true"]
 
 
