@@ -8,7 +8,7 @@ back-off that protects callers from a dead server (the server is fine).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -106,6 +106,83 @@ def test_a_dead_server_is_no_back_pressure(free_port: int) -> None:
     with pytest.raises(redis.ConnectionError) as caught:
         redis.Redis(port=free_port, socket_connect_timeout=0.2, retry=None).ping()
     assert not pool_exhausted(caught.value)
+
+
+# -- the asyncio pool: the plain way while a connection is free, in turn once calls wait -----
+
+
+async def turns(predicate: Callable[[], bool]) -> None:
+    """Let the other tasks run until ``predicate`` holds (scheduling, not timing)."""
+    for _ in range(1000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the other tasks never got there")
+
+
+@pytest.mark.redis
+async def test_async_a_burst_on_a_small_pool_waits_its_turn(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """200 decisions at once on 2 connections: the first take the free ones the plain way,
+    the rest wait; no decision fails open, and a waiter's release wakes the next one."""
+    events: list[FuseEvent] = []
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix, max_connections=2,
+                                open_keys=False)  # fmt: skip
+    fuse = Fuse(store, velocity=None, bucket=BucketPolicy(rate=1, capacity=1000),
+                on_event=events.append)  # fmt: skip
+    try:
+        decisions = await asyncio.gather(*(fuse.aadmit("agent") for _ in range(200)))
+        assert sum(d.degraded for d in decisions) == 0, [(e.kind, e.detail) for e in events]
+        assert fuse.health.counts.pool_exhausted == 0
+        pool = store._clients._async.connection_pool  # type: ignore[union-attr]
+        assert len(pool._available_connections) + len(pool._in_use_connections) <= 2
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.redis
+async def test_async_a_connection_taken_meanwhile_sends_the_call_to_wait(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A call found the one connection free, then waited for the pool's lock while another
+    took it: it waits for the connection instead of failing open at once."""
+    events: list[FuseEvent] = []
+    fuse = one_connection_fuse(redis_url, redis_prefix, events)
+    assert not (await fuse.aadmit("agent")).degraded
+    pool = fuse.store._clients._async.connection_pool  # type: ignore[union-attr]
+    async with pool._lock:  # the fast way's lock, held: the call stops there
+        call = asyncio.ensure_future(fuse.aadmit("agent"))
+        await turns(lambda: pool._lock._waiters)
+        held = pool.get_available_connection()  # taken meanwhile
+    await turns(lambda: pool._waiting == 1)  # on the blocking way now, waiting
+    assert not call.done()
+    await pool.release(held)
+    decision = await call
+    assert not decision.degraded and fuse.health.counts.pool_exhausted == 0, events
+    await fuse.store.aclose()  # type: ignore[union-attr]
+
+
+@pytest.mark.redis
+async def test_async_a_waiter_that_came_during_a_plain_release_is_woken(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A connection released the plain way (nobody waited) while a call began to wait: the
+    release wakes it, or it would sit out the pool's whole wait and fail open."""
+    events: list[FuseEvent] = []
+    fuse = one_connection_fuse(redis_url, redis_prefix, events)
+    assert not (await fuse.aadmit("agent")).degraded
+    pool = fuse.store._clients._async.connection_pool  # type: ignore[union-attr]
+    held = await pool.get_connection()
+    async with pool._lock:  # the plain release stops at the pool's lock
+        release = asyncio.ensure_future(pool.release(held))
+        await turns(lambda: pool._lock._waiters)
+        call = asyncio.ensure_future(fuse.aadmit("agent"))
+        await turns(lambda: pool._waiting == 1)  # no connection free: it waits
+    await release
+    decision = await asyncio.wait_for(call, POOL_WAIT * 2)
+    assert not decision.degraded and fuse.health.counts.pool_exhausted == 0, events
+    await fuse.store.aclose()  # type: ignore[union-attr]
 
 
 # -- bursts on the cluster, whose asyncio client has no blocking pool of its own -------------
