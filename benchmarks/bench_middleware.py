@@ -23,7 +23,8 @@ Reference rows time what no Redis-backed limiter can go below on this machine: a
 ``redis.asyncio`` PING, and the ``RedisStore.arun(Admit(...))`` call the middleware makes; and
 a lease renewal recording the 100 calls its lease admitted (the store's time per call in
 lease mode is a hundredth of it). Two more rows are the floor of direct mode: the ``Admit``
-script's EVALSHA alone, and with ``CheckLoops`` in one round trip, each sent bare (its
+function's FCALL alone (EVALSHA where the server runs no functions), and with ``CheckLoops``
+in one round trip, each sent bare (its
 arguments encoded once, its reply not read into a verdict): what the scripts and redis-py
 cost with nothing of tokenfuse around them.
 
@@ -163,8 +164,8 @@ REFERENCES = (
     "redis.asyncio PING",
     "RedisStore.arun(Admit)",
     "arun(Lease), 100 calls",
-    "EVALSHA Admit, bare",
-    "EVALSHA Admit + CheckLoops, bare",
+    "Admit call, bare",
+    "Admit + CheckLoops calls, bare",
 )
 LEASED = "TokenFuse (Redis, lease)"
 LEASED_ALONE = "TokenFuse (Redis, lease, failure_loops=None)"
