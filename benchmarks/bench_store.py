@@ -34,6 +34,10 @@ ITEM = parse("1000000000/minute")  # never refuses: we time the decision, not th
 POLICY = VelocityPolicy(cold_start_limit=None)
 BUCKET = BucketPolicy(rate=1e9, capacity=1e9)  # the middleware's decision, as bench_middleware.py
 
+#: A PING on the asyncio client ``RedisStore.from_url`` builds (its blocking pool, timeouts and
+#: retry: what the middleware's store sends on), against a plain client's.
+FROM_URL_PING = "async redis PING, from_url's client"
+
 #: (case, baseline, target) for each ratio of medians reported.
 RATIOS = [
     ("Fuse.record (RedisStore)", "redis PING", "<= 1.3"),
@@ -45,6 +49,7 @@ RATIOS = [
     ("async Fuse.record (RedisStore)", "async redis PING", "<= 1.3"),
     ("async Fuse.record (RedisStore)", "async limits sliding-window hit (redis)", "<= 1.0"),
     ("async RedisStore.arun(Admit)", "async redis PING", "<= 1.3"),
+    (FROM_URL_PING, "async redis PING", ""),
     ("Fuse.record (MemoryStore)", "limits moving-window hit (memory)", "<= 1.0"),
     ("Fuse.record (MemoryStore)", "limits sliding-window hit (memory)", ""),
 ]
@@ -57,6 +62,7 @@ async def measure(url: str, prefix: str, calls: int) -> dict[str, list[float]]:
     fuse = Fuse(store, velocity=POLICY)
     astore = RedisStore(aclient, prefix=prefix)
     afuse = Fuse(astore, velocity=POLICY)
+    built = RedisStore.from_url(url, prefix=prefix, open_keys=False)
     empty = client.register_script("return 1")  # what any script call costs
     admit = Admit(f"{prefix}:a", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
     memory_fuse = Fuse(MemoryStore(), velocity=POLICY)
@@ -84,7 +90,10 @@ async def measure(url: str, prefix: str, calls: int) -> dict[str, list[float]]:
         "Fuse.gate (RedisStore)": lambda: fuse.gate("agent"),
         "limits sliding-window hit (redis)": lambda: sliding.hit(ITEM, prefix, "k"),
         "limits moving-window hit (redis)": lambda: moving.hit(ITEM, prefix, "k"),
+        # The first asyncio call after the sync ones pays a wake-up too (its own row, as above).
+        "async redis PING, the first async call": aclient.ping,
         "async redis PING": aclient.ping,
+        FROM_URL_PING: built._clients.async_client().ping,
         "async Fuse.record (RedisStore)": lambda: afuse.arecord("agent", 10),
         "async RedisStore.arun(Admit)": lambda: astore.arun(admit),
         "async limits sliding-window hit (redis)": lambda: alimits.hit(ITEM, prefix, "ak"),
@@ -94,6 +103,7 @@ async def measure(url: str, prefix: str, calls: int) -> dict[str, list[float]]:
     finally:
         client.close()
         await aclient.aclose()
+        await built.aclose()
 
 
 def report(results: dict[str, list[float]]) -> None:
