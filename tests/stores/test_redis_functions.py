@@ -19,7 +19,7 @@ from redis.exceptions import NoPermissionError
 
 from tests.conftest import Clock
 from tests.stores.conftest import OwnRedis, all_at_once, unique_prefix
-from tokenfuse import BucketPolicy, VelocityPolicy
+from tokenfuse import BucketPolicy, MemoryStore, VelocityPolicy
 from tokenfuse._stores.ops import Admit, Gate, Op, Record
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_clients import ServerScripts, retried_alone
@@ -176,6 +176,29 @@ def test_the_library_binds_struct_at_its_first_call(
     gate = LIBRARY.functions["gate"].replace(LIBRARY.name, "probe")
     assert admin.fcall(gate, 1, "fn:{k}", "") == struct.pack("<d", 1.0)  # allowed
     assert admin.fcall("probe_bound", 0) == [b"true", b"true", b"true"]
+
+
+def test_policies_past_the_memo_decide_as_the_core(own_redis: OwnRedis) -> None:
+    """The library keeps the policies it decoded (64 of each kind, then it starts afresh):
+    one key per policy, 70 policies twice round, each verdict the core's (MemoryStore's)."""
+    clock = Clock()
+    store, reference = store_on(own_redis, clock), MemoryStore(clock=clock)
+    policies = [VelocityPolicy(limit=1000 + n, cooldown=30) for n in range(70)]
+    buckets = [BucketPolicy(rate=1.0, capacity=3.0 + n) for n in range(70)]
+    try:
+        for _ in range(2):  # the second round trips every key, by its own limit
+            tripped = 0
+            for n, (velocity, bucket) in enumerate(zip(policies, buckets, strict=True)):
+                record = Record(f"r{n}", 600 + n, velocity)
+                verdict = store.run(record)
+                assert verdict == reference.run(record)
+                tripped += verdict.tripped
+                admit = Admit(f"a{n}", 1.0, 1.0, velocity, bucket)
+                assert store.run(admit) == reference.run(admit)
+            clock.advance(1.0)
+        assert tripped == len(policies)
+    finally:
+        store.close()
 
 
 def test_the_library_names_carry_its_hash() -> None:
