@@ -160,28 +160,27 @@ class ServerScripts:
 
     def __init__(self, described: str) -> None:
         self.described = described  # the client's kind, for the log line
-        self.functions = True
         self.reason = ""  # why not, once the server refused functions
-        self.scripts: list[_Script] = []
         library = function_library()
         self.load = ("FUNCTION", "LOAD", library.code)
-        self.fcall_heads = {op: ("FCALL", name) for op, name in library.functions.items()}
         self.evalsha_heads = {op: ("EVALSHA", sha) for op, sha in script_shas().items()}
+        #: Each operation's head now: its FCALL's until the server refuses functions.
+        self.heads: dict[str, Head] = {
+            op: ("FCALL", name) for op, name in library.functions.items()
+        }
         self._lock = threading.Lock()
 
     @property
-    def heads(self) -> dict[str, Head]:
-        """Each operation's head, for a pipeline (``RedisStore._commands``)."""
-        return self.fcall_heads if self.functions else self.evalsha_heads
+    def functions(self) -> bool:
+        """Whether the operations still run as functions."""
+        return self.heads is not self.evalsha_heads
 
     def fall_back(self, exc: BaseException) -> None:
         """Every operation of this client EVALSHA from now on; said once."""
         with self._lock:
             if not self.functions:
                 return
-            self.functions, self.reason = False, f"{type(exc).__name__}: {exc}"
-            for script in self.scripts:
-                script.head = script.evalsha_head
+            self.heads, self.reason = self.evalsha_heads, f"{type(exc).__name__}: {exc}"
         logger.warning(
             "tokenfuse: this Redis runs no Redis Functions for the %s client (%s); its "
             "decisions are EVALSHA scripts instead, as before Redis 7 (slower by the cost "
@@ -213,18 +212,16 @@ class _Script:
     (``NEVER_DECODE``): decisions reply with packed doubles.
     """
 
-    __slots__ = ("client", "evalsha_head", "head", "send", "server", "sha", "source")
+    __slots__ = ("client", "evalsha_head", "name", "send", "server", "source")
 
     send: Callable[[tuple[Any, ...]], Any]  # the call's words -> its reply (or awaitable)
 
     def __init__(self, client: Any, name: str, server: ServerScripts) -> None:
         self.client = client
+        self.name = name
         self.server = server
         self.source = script_sources()[name]
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()  # as script_shas()
-        self.evalsha_head: Head = ("EVALSHA", self.sha)
-        self.head = server.fcall_heads[name] if server.functions else self.evalsha_head
-        server.scripts.append(self)
+        self.evalsha_head = server.evalsha_heads[name]
 
     def _next(self, exc: ResponseError, head: Head) -> str:
         """What to do after ``head``'s call failed with ``exc``: "eval", "load", "evalsha"
@@ -254,7 +251,7 @@ class SyncScript(_Script):
         self.send = sync_sender(client)
 
     def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
-        head = self.head
+        head = self.server.heads[self.name]
         try:
             return self.send((*head, len(keys), *keys, *args))
         except ResponseError as exc:
@@ -293,7 +290,7 @@ class AsyncScript(_Script):
         self.send = async_sender(client)
 
     async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
-        head = self.head
+        head = self.server.heads[self.name]
         try:
             return await self.send((*head, len(keys), *keys, *args))
         except ResponseError as exc:

@@ -469,6 +469,13 @@ def _unreadable(op: Op[Any], reply: object) -> StoreUnavailable:
     return StoreUnavailable(f"redis {op.name}: unreadable reply {shown!r}")
 
 
+def _packed(op: Op[Any], reply: Any) -> bytes:
+    """A decision's reply, which is packed doubles (bytes), or unreadable."""
+    if not isinstance(reply, bytes):
+        raise _unreadable(op, reply)
+    return reply
+
+
 def _maybe(value: float) -> float | None:
     return None if value != value else value
 
@@ -528,24 +535,20 @@ def _admission_of(op: Op[Any], reply: bytes, at: int = 0) -> AdmitVerdict:
 
 
 def _velocity_verdict(op: Gate | Record | RecordBatch, reply: Any) -> VelocityVerdict:
-    if not isinstance(reply, bytes):
-        raise _unreadable(op, reply)
-    verdict = _velocity_of(op, reply)
+    verdict = _velocity_of(op, _packed(op, reply))
     if verdict is None:  # these scripts always decide
         raise _unreadable(op, reply)
     return verdict
 
 
 def _admit_verdict(op: Admit, reply: Any) -> AdmitVerdict:
-    if not isinstance(reply, bytes):
-        raise _unreadable(op, reply)
-    return _admission_of(op, reply)
+    return _admission_of(op, _packed(op, reply))
 
 
 def _lease_verdict(op: Lease, reply: Any) -> LeaseVerdict:
     trip_at = _LEASE_HEAD.size
     admission_at = trip_at + _VELOCITY_VERDICT.size
-    if not isinstance(reply, bytes) or len(reply) < admission_at:
+    if len(_packed(op, reply)) < admission_at:
         raise _unreadable(op, reply)
     (granted,) = _LEASE_HEAD.unpack_from(reply)
     tripped = _velocity_of(op, reply[:admission_at], trip_at)
@@ -553,9 +556,7 @@ def _lease_verdict(op: Lease, reply: Any) -> LeaseVerdict:
 
 
 def _first_trip(op: ReturnLease, reply: Any) -> VelocityVerdict | None:
-    if not isinstance(reply, bytes):
-        raise _unreadable(op, reply)
-    return _velocity_of(op, reply)
+    return _velocity_of(op, _packed(op, reply))
 
 
 def _key_state(op: ReadState | ReadStatus, reply: Sequence[Any]) -> StoredState:
