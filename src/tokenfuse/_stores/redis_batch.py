@@ -8,7 +8,7 @@ reset for every batch: sending the middleware's two scripts this way instead too
 commands are packed and written at once and their replies read in order, on a connection
 taken from the client's own pool, with the connection's own retry (one at once on a
 connection error, as every command of the store's clients has: ``redis_budget``) and its own
-timeouts. A reply that is an
+timeouts (an asyncio connection's write: ``redis_send``). A reply that is an
 error (``NOSCRIPT``, a script's error) is returned in its place, as the pipeline's
 ``raise_on_error=False`` does; any other failure disconnects the connection (redis-py does
 that in its reads and writes, cancellation included), so no reply is left unread on a
@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
+
+from .redis_send import send_packed
 
 __all__ = ["Command", "asend_all", "on_pooled_connection", "on_pooled_connection_async", "send_all"]
 
@@ -91,7 +93,7 @@ def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
 
 
 async def _aexchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
-    await connection.send_packed_command(connection.pack_commands(commands))
+    await send_packed(connection, connection.pack_commands(commands))
     replies: list[Any] = []
     for _ in commands:
         try:

@@ -14,7 +14,9 @@ connection as a batch of commands is sent (``redis_batch.on_pooled_connection``)
   is raised to the store's ``REDIS_ERRORS`` boundary; an error reply (NOSCRIPT) is raised
   and leaves the connection usable;
 * the connection released to the pool whatever happened (the pool drops one a server asked
-  to reconnect).
+  to reconnect);
+* on an asyncio connection, the command written as redis-py writes it, under its timeout and
+  with its errors, but without the Task redis-py's write makes per command (``redis_send``).
 
 Replies are read undecoded on either path (``disable_decoding``, or redis-py's
 ``NEVER_DECODE`` option of ``execute_command``): the decisions' verdicts are packed doubles,
@@ -36,6 +38,7 @@ import redis
 import redis.asyncio
 
 from .redis_batch import on_pooled_connection, on_pooled_connection_async
+from .redis_send import send_packed
 
 try:
     from redis.observability.providers import get_observability_instance
@@ -109,5 +112,5 @@ async def _asend(client: Any, command: tuple[Any, ...]) -> Any:
 
 
 async def _aexchange(connection: Any, command: tuple[Any, ...]) -> Any:
-    await connection.send_command(*command)
+    await send_packed(connection, connection.pack_command(*command))
     return await connection.read_response(disable_decoding=True)

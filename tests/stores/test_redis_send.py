@@ -1,0 +1,219 @@
+"""The asyncio decisions' write (``redis_send``) on real redis-servers: no Task per command
+while the write cannot wait, and redis-py's own timeouts, errors and retry when it can (a
+server that stopped reading, one that resets the connection mid-send). Servers the tests
+stop or misconfigure are their own (``own_redis``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from tests.stores.conftest import OwnRedis, unique_prefix
+from tokenfuse import BucketPolicy, Fuse, FuseEvent, VelocityPolicy
+from tokenfuse._core.loops import LoopPolicy
+from tokenfuse._errors import StoreUnavailable
+from tokenfuse._health import StoreHealth
+from tokenfuse._middleware import CALL_VELOCITY
+from tokenfuse._stores.ops import Admit, CheckLoops, RecordBatch
+from tokenfuse._stores.redis import RedisStore
+
+pytestmark = pytest.mark.redis
+
+BUCKET = BucketPolicy(rate=1e9, capacity=1e9)
+POLICY = VelocityPolicy(cold_start_limit=None)
+LOOPS = LoopPolicy(failures=2)
+#: A decision's command far larger than the socket buffers of a loopback connection
+#: (16 MB of packed amounts): written to a server that does not read, it cannot all leave.
+HUGE = 2_000_000
+
+
+def admit(key: str = "a") -> Admit:
+    return Admit(key, cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[RedisStore]:
+    built = RedisStore.from_url(redis_url, prefix=unique_prefix(), open_keys=False)
+    yield built
+    await built.aclose()
+
+
+@pytest.fixture
+def admin(own_redis: OwnRedis) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(own_redis.url) as client:
+        yield client
+
+
+class Tasks:
+    """Counts the Tasks made on the running loop (its task factory) while installed."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def __enter__(self) -> Tasks:
+        loop = asyncio.get_running_loop()
+        self._before = loop.get_task_factory()
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+            self.made += 1
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.get_running_loop().set_task_factory(self._before)
+
+
+def used_connections(pool: Any) -> list[Any]:
+    """Every connection the pool hands out from now on, in order."""
+    handed: list[Any] = []
+    get = pool.get_connection
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        connection = await get(*args, **kwargs)
+        handed.append(connection)
+        return connection
+
+    pool.get_connection = recording
+    return handed
+
+
+async def test_decisions_make_no_task_per_command(store: RedisStore) -> None:
+    fuse = Fuse(store, velocity=POLICY)
+    await store.arun(admit())
+    await fuse.arecord("agent", 10)  # connected, scripts known: what follows is the hot path
+    with Tasks() as tasks:
+        for _ in range(20):
+            await store.arun(admit())
+            await fuse.arecord("agent", 10)
+            await store.arun_many(
+                [admit(), CheckLoops("a", "0123456789abcdef", LOOPS)]
+            )  # one round trip (a batch)
+    assert tasks.made == 0
+    with Tasks() as tasks:
+        await store._clients.async_client().ping()  # redis-py's own write: a Task per command
+    assert tasks.made == 1  # (so the count above can see one)
+
+
+async def test_a_connection_due_its_health_check_is_checked(
+    own_redis: OwnRedis, admin: redis.Redis
+) -> None:
+    store = RedisStore.from_url(own_redis.url, prefix="send", open_keys=False)
+    try:
+        await store.arun(admit())
+        pool: Any = store._clients.async_client().connection_pool
+        handed = used_connections(pool)
+        pings = admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0)
+        await store.arun(admit())
+        handed[0].next_health_check = -1.0  # its interval passed: redis-py sends the check
+        await store.arun(admit())
+        after = admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0)
+        assert after - pings == 1
+    finally:
+        await store.aclose()
+
+
+async def test_a_connection_class_with_its_own_send_is_left_to_it(redis_url: str) -> None:
+    sent: list[Any] = []
+
+    class Sending(redis.asyncio.Connection):
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            sent.append(command)
+            await super().send_packed_command(command, check_health)
+
+    client = redis.asyncio.Redis.from_url(redis_url, connection_class=Sending)
+    store = RedisStore(client, prefix=unique_prefix())
+    try:
+        await store.arun(admit())
+        sent.clear()
+        await store.arun(admit())
+        assert len(sent) == 1
+    finally:
+        await client.aclose()
+
+
+def stopped(server: OwnRedis) -> Any:
+    """SIGSTOP the server (by PID) until the block ends: connections stay open, nothing is
+    read or answered."""
+    assert server.process is not None
+    pid = server.process.pid
+
+    class Stopped:
+        def __enter__(self) -> None:
+            os.kill(pid, signal.SIGSTOP)
+
+        def __exit__(self, *exc: object) -> None:
+            os.kill(pid, signal.SIGCONT)
+
+    return Stopped()
+
+
+async def test_a_server_that_stops_reading_times_the_write_out(own_redis: OwnRedis) -> None:
+    store = RedisStore.from_url(own_redis.url, prefix="send", open_keys=False)
+    try:
+        await store.arun(admit())
+        pool: Any = store._clients.async_client().connection_pool
+        handed = used_connections(pool)
+        with stopped(own_redis), pytest.raises(StoreUnavailable) as caught:
+            await store.arun(RecordBatch("big", (1.0,) * HUGE, POLICY))
+        cause = caught.value.__cause__
+        assert isinstance(cause, redis.TimeoutError)
+        assert str(cause) == "Timeout writing to socket"  # the write's, not the reply's
+        assert len(handed) == 1  # a timeout is not retried (redis_budget)
+        assert not handed[0].is_connected  # nothing half-written goes back to the pool
+    finally:
+        await store.aclose()
+
+
+async def test_a_fuse_counts_a_write_that_timed_out_and_fails_open(own_redis: OwnRedis) -> None:
+    events: list[FuseEvent] = []
+    store = RedisStore.from_url(own_redis.url, prefix="send", open_keys=False)
+    fuse = Fuse(store, velocity=POLICY, on_event=events.append, health=StoreHealth(threshold=3))
+    try:
+        assert not (await fuse.arecord("agent", 10)).degraded
+        settle = RecordBatch("big", (1.0,) * HUGE, POLICY)  # rides with the record
+        with stopped(own_redis):
+            decision, rest = await fuse.arecord_with("agent", 10, [settle])
+        assert decision.allowed and decision.degraded and rest is None
+        assert fuse.health.counts.failed == 1
+        assert [event.kind for event in events] == ["store_unavailable"]
+        assert "Timeout writing to socket" in str(events[0])
+    finally:
+        await store.aclose()
+
+
+async def test_a_server_that_resets_mid_send_is_retried_as_before(
+    free_port: int, tmp_path: Any
+) -> None:
+    # A bulk longer than the server takes is a protocol error: the server answers and closes
+    # the connection while the client is still writing the rest of it.
+    server = OwnRedis(free_port, tmp_path, "--proto-max-bulk-len", "1mb")
+    server.start()
+    store = RedisStore.from_url(server.url, prefix="send", open_keys=False)
+    admin = redis.Redis.from_url(server.url)
+    try:
+        await store.arun(admit())
+        pool: Any = store._clients.async_client().connection_pool
+        handed = used_connections(pool)
+        connections = admin.info("stats")["total_connections_received"]
+        with pytest.raises(StoreUnavailable) as caught:
+            await store.arun(RecordBatch("big", (1.0,) * HUGE, POLICY))
+        cause = caught.value.__cause__
+        assert isinstance(cause, redis.ConnectionError)
+        assert "while writing to socket" in str(cause)
+        # The connection's retry (one, at once) sent it again on a new connection.
+        assert admin.info("stats")["total_connections_received"] - connections == 1
+        assert len(handed) == 1 and not handed[0].is_connected
+        assert (await store.arun(admit())).allowed
+    finally:
+        await store.aclose()
+        admin.close()
+        server.stop()
