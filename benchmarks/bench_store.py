@@ -37,6 +37,11 @@ BUCKET = BucketPolicy(rate=1e9, capacity=1e9)  # the middleware's decision, as b
 #: A PING on the asyncio client ``RedisStore.from_url`` builds (its blocking pool, timeouts and
 #: retry: what the middleware's store sends on), against a plain client's.
 FROM_URL_PING = "async redis PING, from_url's client"
+#: The asyncio decisions on that client: each target ratio divides by a PING on a client with
+#: the same options (issue 12: "same client options"), the plain client's for the store
+#: given a plain ``redis.asyncio.Redis``, ``FROM_URL_PING`` for ``RedisStore.from_url``'s.
+FROM_URL_RECORD = "async Fuse.record (RedisStore.from_url)"
+FROM_URL_ADMIT = "async RedisStore.arun(Admit), from_url"
 
 #: (case, baseline, target) for each ratio of medians reported.
 RATIOS = [
@@ -49,6 +54,10 @@ RATIOS = [
     ("async Fuse.record (RedisStore)", "async redis PING", "<= 1.3"),
     ("async Fuse.record (RedisStore)", "async limits sliding-window hit (redis)", "<= 1.0"),
     ("async RedisStore.arun(Admit)", "async redis PING", "<= 1.3"),
+    (FROM_URL_RECORD, FROM_URL_PING, "<= 1.3"),
+    (FROM_URL_ADMIT, FROM_URL_PING, "<= 1.3"),
+    (FROM_URL_RECORD, "async redis PING", ""),  # against the plain client's PING
+    (FROM_URL_ADMIT, "async redis PING", ""),
     (FROM_URL_PING, "async redis PING", ""),
     ("Fuse.record (MemoryStore)", "limits moving-window hit (memory)", "<= 1.0"),
     ("Fuse.record (MemoryStore)", "limits sliding-window hit (memory)", ""),
@@ -63,6 +72,7 @@ async def measure(url: str, prefix: str, calls: int) -> dict[str, list[float]]:
     astore = RedisStore(aclient, prefix=prefix)
     afuse = Fuse(astore, velocity=POLICY)
     built = RedisStore.from_url(url, prefix=prefix, open_keys=False)
+    built_fuse = Fuse(built, velocity=POLICY)
     empty = client.register_script("return 1")  # what any script call costs
     admit = Admit(f"{prefix}:a", cost=1, amount=1, velocity=CALL_VELOCITY, bucket=BUCKET)
     memory_fuse = Fuse(MemoryStore(), velocity=POLICY)
@@ -96,6 +106,8 @@ async def measure(url: str, prefix: str, calls: int) -> dict[str, list[float]]:
         FROM_URL_PING: built._clients.async_client().ping,
         "async Fuse.record (RedisStore)": lambda: afuse.arecord("agent", 10),
         "async RedisStore.arun(Admit)": lambda: astore.arun(admit),
+        FROM_URL_RECORD: lambda: built_fuse.arecord("agent", 10),
+        FROM_URL_ADMIT: lambda: built.arun(admit),
         "async limits sliding-window hit (redis)": lambda: alimits.hit(ITEM, prefix, "ak"),
     }
     try:
