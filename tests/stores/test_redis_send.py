@@ -23,6 +23,7 @@ from tokenfuse._health import StoreHealth
 from tokenfuse._middleware import CALL_VELOCITY
 from tokenfuse._stores.ops import Admit, CheckLoops, RecordBatch
 from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_send import pack
 
 pytestmark = pytest.mark.redis
 
@@ -217,3 +218,26 @@ async def test_a_server_that_resets_mid_send_is_retried_as_before(
         await store.aclose()
         admin.close()
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ("FCALL", "admit", 1, "k:{a}", b"\x00\xff" * 20, "", b""),
+        ("EVALSHA", "f" * 40, 2, "k:{é}", "k:{b}", "0", -17, b"x" * 100_000),
+        ("FCALL", "admit", 1, "k", 1.5),  # a float: redis-py's packing
+        ("FCALL", "admit", 1, "k", memoryview(b"abc")),  # a memoryview: redis-py's
+        ("FCALL", "admit", 1, "k", True),  # a bool: redis-py refuses it
+        ("CONFIG GET", "maxmemory"),  # a name redis-py splits into words
+    ],
+)
+def test_pack_writes_what_redis_py_packs(words: tuple[Any, ...]) -> None:
+    for options in ({}, {"encoding": "latin-1"}):
+        connection = redis.asyncio.Connection(**options)
+        try:
+            expected = b"".join(bytes(part) for part in connection.pack_command(*words))
+        except redis.DataError:
+            with pytest.raises(redis.DataError):
+                pack(connection, words)
+            continue
+        assert b"".join(bytes(part) for part in pack(connection, words)) == expected

@@ -38,7 +38,7 @@ import redis
 import redis.asyncio
 
 from .redis_batch import on_pooled_connection, on_pooled_connection_async
-from .redis_send import send_packed
+from .redis_send import pack, send_packed
 
 try:
     from redis.observability.providers import get_observability_instance
@@ -112,5 +112,5 @@ async def _asend(client: Any, command: tuple[Any, ...]) -> Any:
 
 
 async def _aexchange(connection: Any, command: tuple[Any, ...]) -> Any:
-    await send_packed(connection, connection.pack_command(*command))
+    await send_packed(connection, pack(connection, command))
     return await connection.read_response(disable_decoding=True)

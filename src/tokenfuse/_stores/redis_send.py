@@ -36,10 +36,34 @@ import redis.asyncio.connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["send_packed"]
+__all__ = ["pack", "send_packed"]
 
 _REDIS_PY_SEND = getattr(redis.asyncio.connection, "AbstractConnection", None)
 _REDIS_PY_SEND = getattr(_REDIS_PY_SEND, "send_packed_command", None)
+
+
+def pack(connection: Any, words: tuple[Any, ...]) -> list[bytes]:
+    """``words`` in the protocol, as ``connection.pack_command(*words)`` packs them, in half
+    its time: a decision's words are text (encoded by the connection's own encoder), bytes
+    and whole numbers, joined once. Any other word (a float, a memoryview), or a command
+    name with a space (redis-py splits it into words), is left to ``pack_command``."""
+    first = words[0]
+    if type(first) is not str or " " in first:
+        return connection.pack_command(*words)  # type: ignore[no-any-return]
+    encode = connection.encoder.encode
+    parts = [b"*%d\r\n" % len(words)]
+    for word in words:
+        kind = type(word)
+        if kind is bytes:
+            data = word
+        elif kind is str:
+            data = encode(word)
+        elif kind is int:
+            data = b"%d" % word
+        else:
+            return connection.pack_command(*words)  # type: ignore[no-any-return]
+        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return [b"".join(parts)]
 
 
 async def send_packed(connection: Any, command: Iterable[bytes]) -> None:
