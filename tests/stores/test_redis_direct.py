@@ -21,6 +21,7 @@ from tokenfuse._errors import StoreBusy, StoreUnavailable
 from tokenfuse._stores import redis_direct
 from tokenfuse._stores.ops import Gate, Record
 from tokenfuse._stores.redis import RedisStore
+from tokenfuse._stores.redis_budget import AsyncBlockingPool
 
 pytestmark = pytest.mark.redis
 
@@ -48,7 +49,16 @@ def kill_each_connection_handed_out(pool: Any, admin: redis.Redis) -> list[int]:
     def kill() -> None:
         killed.append(int(admin.client_kill_filter(_type="normal", skipme=True)))
 
-    if isinstance(pool, redis.asyncio.ConnectionPool):
+    if isinstance(pool, AsyncBlockingPool):  # a decision takes its connection the lean way
+        take = pool.take
+
+        async def take_then_kill() -> Any:
+            connection = await take()
+            kill()
+            return connection
+
+        pool.take = take_then_kill  # type: ignore[method-assign]
+    elif isinstance(pool, redis.asyncio.ConnectionPool):
 
         async def aget_then_kill() -> Any:
             connection = await get()
@@ -145,14 +155,14 @@ async def test_async_without_retries_a_killed_connection_is_unavailable_and_give
     try:
         await store.arun(Gate("k"))
         pool = store._clients.async_client().connection_pool
-        get = pool.get_connection
+        take = pool.take  # type: ignore[union-attr]
         killed = kill_each_connection_handed_out(pool, admin)
         with pytest.raises(StoreUnavailable) as caught:
             await store.arun(Gate("k"))
         assert type(caught.value) is StoreUnavailable
         assert isinstance(caught.value.__cause__, redis.ConnectionError)
         assert killed == [1]
-        pool.get_connection = get  # type: ignore[method-assign]
+        pool.take = take  # type: ignore[union-attr]
         assert (await store.arun(Gate("k"))).allowed
     finally:
         await store.aclose()

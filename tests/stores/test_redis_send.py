@@ -31,8 +31,8 @@ BUCKET = BucketPolicy(rate=1e9, capacity=1e9)
 POLICY = VelocityPolicy(cold_start_limit=None)
 LOOPS = LoopPolicy(failures=2)
 #: A decision's command far larger than the socket buffers of a loopback connection
-#: (16 MB of packed amounts): written to a server that does not read, it cannot all leave.
-HUGE = 2_000_000
+#: (8 MB of packed amounts): written to a server that does not read, it cannot all leave.
+HUGE = 1_000_000
 
 
 def admit(key: str = "a") -> Admit:
@@ -74,16 +74,16 @@ class Tasks:
 
 
 def used_connections(pool: Any) -> list[Any]:
-    """Every connection the pool hands out from now on, in order."""
+    """Every connection the pool of ``RedisStore.from_url`` hands a decision from now on."""
     handed: list[Any] = []
-    get = pool.get_connection
+    take = pool.take
 
-    async def recording(*args: Any, **kwargs: Any) -> Any:
-        connection = await get(*args, **kwargs)
+    async def recording() -> Any:
+        connection = await take()
         handed.append(connection)
         return connection
 
-    pool.get_connection = recording
+    pool.take = recording
     return handed
 
 
@@ -241,3 +241,81 @@ def test_pack_writes_what_redis_py_packs(words: tuple[Any, ...]) -> None:
                 pack(connection, words)
             continue
         assert b"".join(bytes(part) for part in pack(connection, words)) == expected
+
+
+def counting_pool(pool: Any) -> dict[str, int]:
+    """How often redis-py's own ``get_connection`` and ``release`` of ``pool`` run."""
+    calls = {"get_connection": 0, "release": 0}
+    for name in calls:
+        method = getattr(pool, name)
+
+        async def counted(*args: Any, _method: Any = method, _name: str = name) -> Any:
+            calls[_name] += 1
+            return await _method(*args)
+
+        setattr(pool, name, counted)
+    return calls
+
+
+async def test_decisions_take_and_give_back_idle_connections_the_lean_way(
+    store: RedisStore,
+) -> None:
+    await store.arun(admit())
+    pool: Any = store._clients.async_client().connection_pool
+    calls = counting_pool(pool)
+    for _ in range(5):
+        await store.arun(admit())
+        await store.arun_many([admit(), CheckLoops("a", "0123456789abcdef", LOOPS)])
+    assert calls == {"get_connection": 0, "release": 0}
+    assert not pool._in_use_connections and len(pool._available_connections) == 1
+    held = await pool.take()  # the only idle connection is out: a new one, redis-py's way
+    await store.arun(admit())
+    assert calls == {"get_connection": 1, "release": 0}
+    await pool.give_back(held)
+    assert len(pool._available_connections) == 2 and not pool._in_use_connections
+
+
+async def test_a_connection_with_a_reply_unread_goes_through_redis_pys_check(
+    store: RedisStore,
+) -> None:
+    await store.arun(admit())
+    pool: Any = store._clients.async_client().connection_pool
+    checked: list[Any] = []
+    ensure = pool.ensure_connection
+
+    async def counted(connection: Any) -> None:
+        checked.append(connection)
+        await ensure(connection)
+
+    pool.ensure_connection = counted
+    clean = await pool.take()
+    assert checked == []  # connected, nothing unread: handed out as it is
+    await clean.send_command("ECHO", "stale")  # its reply is never read
+    await pool.give_back(clean)
+    while not await clean.can_read():  # the stale reply has arrived (not a timing wait)
+        await asyncio.sleep(0)
+    again = await pool.take()
+    assert again is clean and checked == [clean]  # redis-py's check decides
+    await pool.give_back(again)
+
+
+async def test_a_connection_with_a_new_token_is_given_back_redis_pys_way(
+    store: RedisStore,
+) -> None:
+    await store.arun(admit())
+    pool: Any = store._clients.async_client().connection_pool
+    calls = counting_pool(pool)
+    connection = await pool.take()
+    connection._re_auth_token = object()  # a streaming credential provider's new token
+    released: list[Any] = []
+
+    async def release(connection: Any) -> None:  # redis-py's would AUTH it with the token
+        released.append(connection)
+        connection._re_auth_token = None
+        pool._in_use_connections.remove(connection)
+        pool._available_connections.append(connection)
+
+    pool.release = release
+    await pool.give_back(connection)
+    assert released == [connection]
+    assert calls["get_connection"] == 0

@@ -28,6 +28,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from .redis_budget import AsyncBlockingPool
 from .redis_send import send_packed
 
 __all__ = ["Command", "asend_all", "on_pooled_connection", "on_pooled_connection_async", "send_all"]
@@ -72,6 +73,14 @@ def on_pooled_connection(client: Any, exchange: Callable[[Any], T]) -> T:
 async def on_pooled_connection_async(client: Any, exchange: Callable[[Any], Awaitable[T]]) -> T:
     """``on_pooled_connection`` for an asyncio client."""
     pool: Any = client.connection_pool
+    if type(pool) is AsyncBlockingPool:  # RedisStore.from_url's: its lean way (redis_budget)
+        connection = await pool.take()
+        try:
+            return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
+                lambda: exchange(connection), lambda error: connection.disconnect()
+            )
+        finally:
+            await pool.give_back(connection)
     connection = await pool.get_connection()
     try:
         return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
