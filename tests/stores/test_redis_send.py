@@ -243,6 +243,13 @@ def test_pack_writes_what_redis_py_packs(words: tuple[Any, ...]) -> None:
         assert b"".join(bytes(part) for part in pack(connection, words)) == expected
 
 
+async def warm_pool(store: RedisStore) -> Any:
+    """The asyncio pool of a store built by ``from_url``, after a first decision (connected,
+    the server checked, the scripts known)."""
+    await store.arun(admit())
+    return store._clients.async_client().connection_pool
+
+
 def counting_pool(pool: Any) -> dict[str, int]:
     """How often redis-py's own ``get_connection`` and ``release`` of ``pool`` run."""
     calls = {"get_connection": 0, "release": 0}
@@ -260,8 +267,7 @@ def counting_pool(pool: Any) -> dict[str, int]:
 async def test_decisions_take_and_give_back_idle_connections_the_lean_way(
     store: RedisStore,
 ) -> None:
-    await store.arun(admit())
-    pool: Any = store._clients.async_client().connection_pool
+    pool = await warm_pool(store)
     calls = counting_pool(pool)
     for _ in range(5):
         await store.arun(admit())
@@ -278,8 +284,7 @@ async def test_decisions_take_and_give_back_idle_connections_the_lean_way(
 async def test_a_connection_with_a_reply_unread_goes_through_redis_pys_check(
     store: RedisStore,
 ) -> None:
-    await store.arun(admit())
-    pool: Any = store._clients.async_client().connection_pool
+    pool = await warm_pool(store)
     checked: list[Any] = []
     ensure = pool.ensure_connection
 
@@ -302,8 +307,7 @@ async def test_a_connection_with_a_reply_unread_goes_through_redis_pys_check(
 async def test_a_connection_with_a_new_token_is_given_back_redis_pys_way(
     store: RedisStore,
 ) -> None:
-    await store.arun(admit())
-    pool: Any = store._clients.async_client().connection_pool
+    pool = await warm_pool(store)
     calls = counting_pool(pool)
     connection = await pool.take()
     connection._re_auth_token = object()  # a streaming credential provider's new token
