@@ -323,3 +323,20 @@ async def test_a_connection_with_a_new_token_is_given_back_redis_pys_way(
     await pool.give_back(connection)
     assert released == [connection]
     assert calls["get_connection"] == 0
+
+
+async def test_a_take_stopped_during_its_check_gives_the_connection_back(
+    store: RedisStore,
+) -> None:
+    pool = await warm_pool(store)
+    idle = pool._available_connections[-1]
+
+    async def cancelled() -> bool:
+        raise asyncio.CancelledError  # the decision's task cancelled at this await
+
+    idle.can_read = cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await pool.take()
+    assert not pool._in_use_connections  # not lost to the pool
+    del idle.can_read
+    assert (await store.arun(admit())).allowed

@@ -187,14 +187,13 @@ class AsyncBlockingPool(redis.asyncio.BlockingConnectionPool):
         if available and self._quick():
             connection = available.pop()
             self._in_use_connections.add(connection)
-            try:
-                ready = connection.is_connected and not await connection.can_read()
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                ready = False  # redis-py's check below reconnects it
-            if ready:
-                return connection
-            try:
-                await self.ensure_connection(connection)
+            try:  # (as get_connection: whatever stops the check gives the connection back)
+                try:
+                    ready = connection.is_connected and not await connection.can_read()
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    ready = False  # redis-py's check below reconnects it
+                if not ready:
+                    await self.ensure_connection(connection)
             except BaseException:
                 await self.release(connection)
                 raise
