@@ -14,6 +14,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from math import inf  # a constant: float("inf") parses its string on every call
 from time import perf_counter
 from typing import Any, NamedTuple, TypeVar
 
@@ -814,11 +815,11 @@ class _Batch:
 
 def _countable(amount: float) -> bool:
     """Only positive finite numbers are spending; anything else records nothing."""
-    return isinstance(amount, (int, float)) and 0 < amount < float("inf")
+    return isinstance(amount, (int, float)) and 0 < amount < inf
 
 
 def _admission_numbers(cost: float, amount: float) -> tuple[float, float]:
-    if not (isinstance(cost, (int, float)) and 0 <= cost < float("inf")):
+    if not (isinstance(cost, (int, float)) and 0 <= cost < inf):
         raise ConfigurationError(f"cost must be a finite, non-negative number, not {cost!r}")
     return float(cost), float(amount) if _countable(amount) else 0.0
 
@@ -849,7 +850,7 @@ def checked_overrides(
 
 
 def _capacity(capacity: float | None | Unset) -> float | None | Unset:
-    if isinstance(capacity, (int, float)) and not 0 < capacity < float("inf"):
+    if isinstance(capacity, (int, float)) and not 0 < capacity < inf:
         raise ConfigurationError("bucket capacity must be a positive number")
     return capacity
 

@@ -287,6 +287,22 @@ def test_the_fingerprint_normalises_as_copying_everything_would() -> None:
         assert json.dumps(body, sort_keys=True) == before  # the parsed body is left as it was
 
 
+def test_bodiless_fingerprints_are_kept_per_endpoint_in_bounded_memory() -> None:
+    """A call without a body is hashed once per endpoint and kept (``_bodiless``): the
+    same fingerprint as hashing it afresh, for ``None`` and ``b""`` alike, and however many
+    paths come (ids in them), no more than the cache's bound are kept."""
+    loops._bodiless.cache_clear()
+    for n in range(1_000):
+        path = f"/items/{n}"
+        mac = hmac.new(SECRET, f"GET h {path}\n".encode(), hashlib.sha256)
+        expected = mac.hexdigest()[: loops.FINGERPRINT_LENGTH]
+        assert fingerprint(SECRET, "GET", "h", path, None) == expected
+        assert fingerprint(SECRET, "GET", "h", path, b"") == expected
+    info = loops._bodiless.cache_info()
+    assert info.currsize == info.maxsize == 256
+    assert info.hits == 1_000  # the second of each pair
+
+
 @pytest.mark.parametrize("size", [1, 32, 63, 64, 65, 200])
 def test_the_fingerprint_is_hmac_sha256_for_any_secret(size: int) -> None:
     secret = bytes(range(256))[:size]

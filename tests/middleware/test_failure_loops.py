@@ -31,10 +31,13 @@ class Served:
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.down = False  # every call answers 503, whatever its arguments
 
 
 def lookup(served: Served, body: bytes) -> tuple[int, dict[str, Any]]:
     served.bodies.append(body)
+    if served.down:
+        return 503, {"error": "the tool's backend is down"}
     try:
         data = json.loads(body or b"{}")
     except (ValueError, RecursionError):
@@ -279,6 +282,28 @@ def test_a_crashing_tool_counts_as_a_failure(
         assert call(crash)[0] == 500
     assert call(crash)[0] == 429
     assert len(served.bodies) == 3
+
+
+def test_a_success_ends_the_failures_of_its_call(
+    serve: Callable[..., tuple[Call, Served]], fuse: Fuse
+) -> None:
+    """A success of a call that has failed is noted (a round trip after the app), and ends
+    its failures: two failures, a success, then two more never trip. A success of a call
+    with no failures notes nothing."""
+    guarded, store = counted(fuse)
+    call, store.served = serve(fuse=guarded)
+    served = store.served
+
+    assert call(GOOD)[0] == 200
+    assert store.taken() == [("admit+check_loops", 0)]  # no failures to end: no note
+    served.down = True
+    assert [call(GOOD)[0] for _ in range(2)] == [503, 503]
+    served.down = False
+    assert call(GOOD)[0] == 200
+    assert store.taken()[-1] == ("note_loop", 4)  # the success ends the two failures
+    served.down = True
+    assert [call(GOOD)[0] for _ in range(2)] == [503, 503]  # two failures, not four: no trip
+    assert len(served.bodies) == 6
 
 
 def test_failures_spread_past_the_window_and_successes_never_trip(

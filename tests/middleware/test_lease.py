@@ -162,6 +162,30 @@ def test_on_repeat_refuse_keeps_the_loop_check_s_round_trip_in_lease_mode(
     assert len(checks) == 3 and not any(op.local for op in checks)
 
 
+class AsyncOnlyStore(MemoryStore):
+    """A MemoryStore with no sync face, as a ``RedisStore`` over a ``redis.asyncio`` client."""
+
+    has_sync = False
+
+
+def test_lease_mode_asks_the_loop_check_on_an_async_only_store() -> None:
+    """In lease mode the loop check is not sent with the admission: the ASGI shell asks it
+    on its own, awaiting the store's async face (it has no other), and a loop is still
+    refused."""
+    from contextlib import ExitStack
+
+    from tests.middleware.apps import starlette_client
+
+    fuse = inbound_fuse(AsyncOnlyStore(), bucket=FREE, velocity=CALL_VELOCITY)
+    assert fuse.has_async and not fuse.has_sync
+    with ExitStack() as stack:
+        call = starlette_client(stack, fuse=fuse, lease=LeasePolicy(size=10, lifetime=60))
+        assert [call("POST", "/tools/refund", AUTH).status for _ in range(3)] == [200] * 3
+        looping = [call("POST", "/tools/missing", AUTH) for _ in range(4)]
+    assert [reply.status for reply in looping] == [404, 404, 404, 429]
+    assert looping[-1].json()["type"] == "failure_loop"
+
+
 def test_lease_is_off_by_default(serve: Callable[..., Call], clock: Clock) -> None:
     store = CountingStore(clock=clock)
     call = serve(fuse=inbound_fuse(store, bucket=FREE, velocity=CALL_VELOCITY))

@@ -270,6 +270,37 @@ def test_inbound_failure_loops_are_counted_from_the_shared_round_trip(
     assert scrape.value("tokenfuse_trips_total", reason="failure_loop", **inbound) == 1
 
 
+def test_the_key_rate_of_an_inbound_caller_is_its_admissions_not_its_loop_checks(
+    scrape: Scrape, clock: Clock
+) -> None:
+    """The middleware's failure-loop check goes with the admission of the same key: its
+    decision (one call's count, the failures that trip it) must not replace the key's rate
+    and threshold in the per-key series."""
+    from wsgiref.util import setup_testing_defaults
+
+    from tokenfuse._loops import FailureLoopPolicy
+    from tokenfuse._middleware import CALL_VELOCITY, inbound_fuse
+    from tokenfuse.middleware import TokenFuseWSGI
+
+    def tool(environ: dict[str, Any], start: Callable[..., Any]) -> list[bytes]:
+        start("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    fuse = inbound_fuse(MemoryStore(clock=clock), velocity=CALL_VELOCITY)
+    app = TokenFuseWSGI(tool, fuse=fuse)
+    for _ in range(4):
+        environ: dict[str, Any] = {"REQUEST_METHOD": "POST", "PATH_INFO": "/tools/lookup"}
+        environ["HTTP_X_API_KEY"] = "agent-listed"
+        setup_testing_defaults(environ)
+        b"".join(app(environ, lambda status, headers, exc=None: None))
+
+    caller = fuse.status(Identity.secret("agent-listed"))
+    (seen,) = [key for key in scrape.tally.busiest() if key.label == caller.key]
+    admission = fuse.admit(Identity.secret("agent-listed"), amount=0)  # reads the threshold
+    assert seen.rate == caller.rate == 4.0  # four calls admitted (a loop check's count: 0)
+    assert seen.threshold == admission.limit != FailureLoopPolicy().failures
+
+
 class FailingStore:
     def run(self, op: object) -> object:
         raise StoreUnavailable("down")

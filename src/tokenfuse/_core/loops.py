@@ -293,17 +293,32 @@ def fingerprint(
     """The call's fingerprint: 16 hex characters, keyed with ``secret``. Never raises.
 
     ``parsed`` is ``parsed_body(body)`` when the caller has it already."""
+    if not body:
+        return _bodiless(secret, method, host, path)
     head, outer = _headed(secret, method, host, path)
     mac = head.copy()
-    if body:
-        is_json, value = parsed if parsed is not None else parsed_body(body)
-        canonical = _canonical(value) if is_json else None
-        if canonical is not None:
-            mac.update(b"json\n")
-            mac.update(canonical)
-        else:
-            mac.update(b"bytes %d\n" % len(body))
-            mac.update(body[:HASH_LIMIT])
+    is_json, value = parsed if parsed is not None else parsed_body(body)
+    canonical = _canonical(value) if is_json else None
+    if canonical is not None:
+        mac.update(b"json\n")
+        mac.update(canonical)
+    else:
+        mac.update(b"bytes %d\n" % len(body))
+        mac.update(body[:HASH_LIMIT])
+    return _finished(mac, outer)
+
+
+@functools.lru_cache(maxsize=256)
+def _bodiless(secret: bytes, method: str, host: str, path: str) -> str:
+    """The fingerprint of a call without a body: its first line alone. A ``GET`` (or a
+    bodiless ``POST``) that a client polls is the same call every time: hashed once per
+    endpoint, as ``_headed`` is, not per call (bounded the same way)."""
+    head, outer = _headed(secret, method, host, path)
+    return _finished(head.copy(), outer)
+
+
+def _finished(mac: hashlib._Hash, outer: hashlib._Hash) -> str:
+    """HMAC's outer hash over the inner one (``mac``), cut to the fingerprint's length."""
     keyed = outer.copy()
     keyed.update(mac.digest())
     return keyed.hexdigest()[:FINGERPRINT_LENGTH]

@@ -56,6 +56,10 @@ class KeySeen:
     seen: float  # time.monotonic() of that decision
 
 
+#: The failure-loop breaker's steps: their decision's ``rate`` and ``limit`` are one call's
+#: count and the failures that trip it, which must not stand for the key's rate (inbound,
+#: the check comes after the admission of the same key, and would hide its rate).
+_LOOP_OPS = frozenset({"check_loops", "note_loop"})
 _INBOUND = frozenset({"admit", "lease"})  # lease: the middleware's lease mode renewing
 _KEY_STAYS_CLOSED = frozenset({"quota_exhausted", "failure_loop", "repeat_loop", "tool_loop"})
 
@@ -129,6 +133,8 @@ class Tally:
             else:
                 series.refused += 1
                 self._refused(series, op.key, decision)
+            if op.name in _LOOP_OPS:
+                return  # a count of one call and its threshold: not the key's rate
             bucket = decision.bucket
             if bucket is not None and bucket.near_limit:
                 self._near_limit[name] = self._near_limit.get(name, 0) + 1

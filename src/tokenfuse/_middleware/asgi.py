@@ -13,7 +13,7 @@ from typing import Any
 from .._errors import StoreUnavailable
 from .._leases import Leases
 from .guard import Outcome
-from .loops import read_asgi_body
+from .loops import has_body, read_asgi_body
 from .mcp.mode import McpMode
 from .reply import Headers, Reply, unavailable
 from .report import parse_amount
@@ -116,7 +116,9 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
             await self.app(scope, receive, send)
             return
         body = None
-        if self.guard.loops is not None:  # the failure-loop breaker fingerprints it (loops.py)
+        # The failure-loop breaker fingerprints the body (loops.py). Awaited only when there
+        # is one: each coroutine made and awaited is work on every request.
+        if self.guard.loops is not None and has_body(request):
             body, receive = await read_asgi_body(request, receive)
         try:  # one round trip: the admission and the failure-loop check
             admission = await self.guard.aadmit(plan, request, body)
@@ -127,7 +129,10 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
         if outcome.reply is not None:
             await _send_reply(send, outcome.reply)
             return
-        watch, reply = await self.guard.acheck_loops(plan, admission, request)
+        if admission.settled:  # the verdict came with the admission: nothing to await
+            watch, reply = self.guard.check_loops(plan, admission, request)
+        else:
+            watch, reply = await self.guard.acheck_loops(plan, admission, request)
         if reply is not None:
             await _send_reply(send, reply)
             return
@@ -143,8 +148,11 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
             finally:
                 await self.guard.arecord(plan, report)
         finally:
-            if watch is not None and self.guard.loops is not None:  # status 500 if none sent
-                await self.guard.loops.anote(watch, scope.get(_STATUS, 500))
+            # Status 500 if none was sent. Most calls have nothing to note (a success ending
+            # no failures): asked first, so that they make no coroutine to await.
+            status = scope.get(_STATUS, 500)
+            if watch is not None and self.guard.loops is not None and watch.wants_note(status):
+                await self.guard.loops.anote(watch, status)
 
     def _with_headers(self, send: Send, outcome: Outcome, keep_status: Scope | None) -> Send:
         """``send``, adding the outcome's headers to the response and taking the tokens header

@@ -10,7 +10,7 @@ the admission and the failure-loop check in one round trip; ``arecord`` or ``rec
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +55,12 @@ class Plan:
         admitter = self.leases or self.fuse
         return admitter.admit(self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket)
 
-    async def aadmit(self) -> Decision:
+    # The a-prefixed steps return the fuse's (or the leases') coroutine for the caller to
+    # await, rather than awaiting it in one of their own: a coroutine more per request would
+    # be made, and every suspension on the store's socket passes through each one.
+    def aadmit(self) -> Awaitable[Decision]:
         admitter = self.leases or self.fuse
-        return await admitter.aadmit(
+        return admitter.aadmit(
             self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
         )
 
@@ -67,8 +70,8 @@ class Plan:
             self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
         )
 
-    async def aadmit_with(self, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
-        return await self.fuse.aadmit_with(
+    def aadmit_with(self, ops: Sequence[Op[Any]]) -> Awaitable[tuple[Decision, list[Any] | None]]:
+        return self.fuse.aadmit_with(
             self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
         )
 
@@ -87,6 +90,12 @@ class Admission:
     check: LoopCheck | None = None
     sent: bool = False
     found: Any = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether the loop check needs nothing more of the store: there is none, or its
+        verdict came with the admission. ``check_loops`` then decides it without awaiting."""
+        return self.sent or self.check is None
 
 
 @dataclass(slots=True)

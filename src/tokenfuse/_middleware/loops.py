@@ -60,7 +60,7 @@ from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck
 from .mcp.body import Receive, read_body
 from .request import RequestView
 
-__all__ = ["BODY_LIMIT", "InboundLoops", "LoopCall", "is_failure", "read_wsgi_body"]
+__all__ = ["BODY_LIMIT", "InboundLoops", "LoopCall", "has_body", "is_failure", "read_wsgi_body"]
 
 logger = logging.getLogger("tokenfuse.middleware")
 
@@ -91,6 +91,13 @@ class LoopCall:
         self.call = call
         self.needs_success = verdict is not None and verdict.failures > 0
         self.noted = False
+
+    def wants_note(self, status: int) -> bool:
+        """Whether a response of ``status`` has a note to send: not for most calls (a
+        success with no failures to end), which the ASGI shell then does not await."""
+        if self.noted or status == 429:
+            return False
+        return self.needs_success or is_failure(status)
 
     def outcome(self, status: int) -> tuple[bool, int] | None:
         """(failed, status) to note, or None: nothing to note (noted already, or a success
@@ -167,17 +174,19 @@ class InboundLoops:
             logger.warning("tokenfuse: store unavailable, a failed call not counted")
 
 
-def _has_body(headers: Callable[[str], str | None]) -> bool:
-    length = headers("content-length")
+def has_body(request: RequestView) -> bool:
+    """Whether the request announces a body (a length other than 0, or chunks): none to
+    read for most ``GET`` requests, which the ASGI shell then does not await."""
+    length = request.header("content-length")
     if length is not None:
         return length.strip() not in ("", "0")
-    return headers("transfer-encoding") is not None
+    return request.header("transfer-encoding") is not None
 
 
 async def read_asgi_body(request: RequestView, receive: Receive) -> tuple[bytes | None, Receive]:
     """The request's body (its first ``BODY_LIMIT`` bytes), and the ``receive`` that hands
     the app every message as the server sent it."""
-    if not _has_body(request.header):
+    if not has_body(request):
         return None, receive
     buffered = await read_body(receive, BODY_LIMIT)
     data = buffered.data
@@ -211,7 +220,7 @@ def read_wsgi_body(request: RequestView) -> bytes | None:
     """The request's body (its first ``BODY_LIMIT`` bytes); ``wsgi.input`` is replaced by
     one that gives the app the whole body all the same."""
     environ = request.raw
-    if not _has_body(request.header):
+    if not has_body(request):
         return None
     stream = environ.get("wsgi.input")
     if stream is None:
