@@ -14,6 +14,10 @@
 # default, database 15), the breaker on and off; on Redis the count includes redis-py's and the
 # event loop's work for the round trip. Then the floor, calls alone: an async PING, and the
 # Admit script's EVALSHA (with CheckLoops in one round trip) sent bare by redis-py.
+#
+# Instructions are not time: a tight loop (httpx handing on an in-memory stream's chunks) runs
+# two to three times as many a nanosecond as the guard's code and its byte searches do, so a
+# stream's added instructions understate its added time (see bench_transport.py's docstring).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
