@@ -74,20 +74,16 @@ async def on_pooled_connection_async(client: Any, exchange: Callable[[Any], Awai
     """``on_pooled_connection`` for an asyncio client."""
     pool: Any = client.connection_pool
     if type(pool) is AsyncBlockingPool:  # RedisStore.from_url's: its lean way (redis_budget)
-        connection = await pool.take()
-        try:
-            return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
-                lambda: exchange(connection), lambda error: connection.disconnect()
-            )
-        finally:
-            await pool.give_back(connection)
-    connection = await pool.get_connection()
+        take, give_back = pool.take, pool.give_back
+    else:
+        take, give_back = pool.get_connection, pool.release
+    connection = await take()
     try:
         return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
             lambda: exchange(connection), lambda error: connection.disconnect()
         )
     finally:
-        await pool.release(connection)
+        await give_back(connection)
 
 
 def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
