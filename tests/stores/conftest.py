@@ -223,3 +223,39 @@ def all_at_once(call: Callable[[], R], times: int) -> list[R]:
         thread.join(30)
     assert len(results) == times
     return results
+
+
+class HeldAnnouncements:
+    """A store whose view's subscriber thread has fallen behind: the announcements it hears
+    are held here, in the order heard, until the test hands them on (``OpenKeys.apply``).
+    ``other`` is another process on the same prefix and clock, without a view."""
+
+    def __init__(self, store: RedisStore, other: RedisStore) -> None:
+        assert store.open_keys is not None and store.open_keys.wait_synced(5.0)
+        self.store, self.other, self.view = store, other, store.open_keys
+        self.heard: list[str] = []
+        self._changed = threading.Condition()
+        self.view.apply = self._hold  # type: ignore[method-assign]  # the thread's call
+
+    def _hold(self, text: str) -> None:
+        with self._changed:
+            self.heard.append(text)
+            self._changed.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 5.0) -> list[str]:
+        """The first ``count`` announcements, once heard (ends on the thread's own call)."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self.heard) >= count, timeout)
+            assert len(self.heard) >= count, f"heard only {self.heard}"
+            return self.heard[:count]
+
+
+@pytest.fixture
+def behind(redis_url: str, redis_prefix: str, clock: Clock) -> Iterator[HeldAnnouncements]:
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    other = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock, open_keys=False)
+    try:
+        yield HeldAnnouncements(store, other)
+    finally:
+        store.close()
+        other.close()

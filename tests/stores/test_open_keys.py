@@ -19,9 +19,10 @@ import pytest
 import redis
 
 from tests.conftest import Clock
-from tests.stores.conftest import OwnRedis
+from tests.stores.conftest import HeldAnnouncements, OwnRedis
 from tokenfuse import CeilingExceeded, Fuse, StoreUnavailable, VelocityPolicy
-from tokenfuse._stores.open_keys import STALE_AFTER, OpenKeys
+from tokenfuse._stores import open_keys
+from tokenfuse._stores.open_keys import STALE_AFTER, OpenKeys, _Unheard
 from tokenfuse._stores.ops import Admit, Forgive, Gate, Op, Record, RecordBatch, Reset
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_codec import key_of
@@ -155,13 +156,18 @@ def test_a_killed_subscription_falls_back_to_round_trips_and_comes_back(
     view = view_of(store)
     try:
         assert view.wait_synced(WAIT)
+        # A reset whose announcement dies with the subscription (learned here, never sent),
+        # on a clock that stands still: only the sync, whose markers are the truth, forgets it.
+        view._closing._now = lambda: 0.0
+        view.learn(Reset("gone"), key_of("tf-view", "gone"), None)
+        assert view._closing.hides(key_of("tf-view", "gone"))
         with redis.Redis.from_url(own_redis.url) as admin, caplog.at_level(logging.WARNING):
             admin.client_kill_filter(_type="pubsub")
             assert view.wait_until(lambda v: v.counts.lost >= 1, WAIT)
         assert "lost the open-key subscription" in caplog.text
         # Subscribed again and synced (redis-py reconnects, or the thread does).
-        assert view.wait_until(lambda v: v.trusted, WAIT)
-        assert view.counts.syncs >= 2
+        assert view.wait_until(lambda v: v.trusted and v.counts.syncs >= 2, WAIT)
+        assert not view._closing.hides(key_of("tf-view", "gone"))
     finally:
         store.close()
 
@@ -231,6 +237,61 @@ def test_a_forgive_is_learned_by_every_view_like_a_reset(
     assert view_of(b).wait_until(lambda v: key not in v._open, WAIT)
     assert not client.exists(marker)
     assert b.run(Gate("f")).allowed
+
+
+def test_a_trip_heard_after_this_process_forgave_the_key_does_not_reopen_it(
+    behind: HeldAnnouncements,
+) -> None:
+    """The subscriber thread may run behind this process's own decisions (a busy machine):
+    the trip's announcement can arrive after this process forgave the key. It is older than
+    the forgive, so it must not refuse the key again until the forgive's own announcement
+    comes; a trip announced after that one is newer, and is heard as ever."""
+    store, view = behind.store, behind.view
+    key = key_of(store.prefix, "k")
+    assert store.run(Record("k", 500.0, POLICY)).tripped
+    store.run(Forgive("k"))
+    opened, closed = behind.wait_for(2)
+    assert opened.startswith("o ") and closed.startswith("c ")
+
+    OpenKeys.apply(view, opened)  # heard after the forgive, published before it
+    assert store.run(Gate("k")).allowed
+    assert view.counts.stale == 1
+    OpenKeys.apply(view, closed)
+    assert store.run(Gate("k")).allowed
+
+    assert behind.other.run(Record("k", 500.0, POLICY)).tripped  # newer than the forgive
+    (reopened,) = behind.wait_for(3)[2:]
+    OpenKeys.apply(view, reopened)
+    refused = view.answer(key)
+    assert refused is not None and not refused.allowed
+    assert refused == behind.other.run(Gate("k"))  # the store's own refusal
+
+
+def test_a_close_hides_what_is_heard_of_it_until_its_own_announcement(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closes = _Unheard(now=clock)
+    assert not closes.hides("k")
+    closes.closed("k")
+    closes.closed("k")  # reset twice before either announcement is heard
+    assert closes.hides("k") and not closes.hides("other")
+    closes.heard("k")
+    assert closes.hides("k")  # what comes between the two resets is older than the second
+    closes.heard("k")
+    assert not closes.hides("k")
+
+    closes.closed("k")  # never heard back: hides nothing once the view would be stale
+    clock.advance(STALE_AFTER)
+    assert closes.hides("k")
+    clock.advance(0.001)
+    assert not closes.hides("k")
+
+    monkeypatch.setattr(open_keys, "MAX_LOOPS", 3)
+    for name in "abcd":
+        closes.closed(name)
+    assert [closes.hides(name) for name in "abcd"] == [False, True, True, True]
+    closes.clear()
+    assert not any(closes.hides(name) for name in "abcd")
 
 
 # Each rule of detection v2 that a new key can trip, and each operation that records.

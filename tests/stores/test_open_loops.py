@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from tests.conftest import Clock
+from tests.stores.conftest import HeldAnnouncements
 from tokenfuse._core.loops import LoopPolicy
 from tokenfuse._stores.open_keys import OpenKeys
 from tokenfuse._stores.ops import CheckLoops, ForgetLoops, NoteLoop, NoteLoopBatch
@@ -134,6 +135,33 @@ def test_forget_loops_in_one_process_lets_the_call_through_in_another(
     assert view.wait_until(lambda v: (loops, OTHER) not in v._loops, WAIT)
     assert b.run(check(OTHER)).allowed
     assert view.counts.loop_round_trips == 0
+
+
+@pytest.mark.parametrize("forgotten", [CALL, ""], ids=["the call", "every call"])
+def test_a_trip_heard_after_this_process_forgot_the_call_does_not_trip_it_again(
+    behind: HeldAnnouncements, forgotten: str
+) -> None:
+    """As for keys (test_open_keys.py): the trip's announcement, heard only after this
+    process forgot the call, is older than the forget; one made after it is heard."""
+    store, view = behind.store, behind.view
+    trip(store)
+    assert store.run(ForgetLoops(KEY, forgotten)) == 1
+    tripped, forgot = behind.wait_for(2)
+    assert tripped.startswith("l ") and forgot.startswith("f ")
+
+    OpenKeys.apply(view, tripped)  # heard after the forget, published before it
+    assert store.run(check()).allowed
+    assert view.counts.stale == 1
+    OpenKeys.apply(view, forgot)
+    assert store.run(check()).allowed
+
+    trip(behind.other)  # newer than the forget
+    (again,) = behind.wait_for(3)[2:]
+    OpenKeys.apply(view, again)
+    rounds = view.counts.loop_round_trips
+    assert not store.run(check()).allowed
+    assert view.counts.loop_round_trips == rounds  # refused by the view itself
+    assert view.counts.stale == 1
 
 
 def test_a_trip_made_before_the_subscription_is_found_by_the_sync(

@@ -24,6 +24,11 @@ its gates from it, as soon as it can trust it:
   once, so the next gate goes to the store (which refuses) without waiting for the message.
   The mark stays until the store's gate allows the key (or this process resets it): the
   refusals of a key this process tripped cost a round trip each, exact to the double.
+* **This process's own resets and forgives** forget the key at once. The thread may run
+  behind this process's decisions (a busy machine), so a trip announced before the reset can
+  still be heard after it; until the reset's own announcement is heard (messages arrive in
+  the order they were published), such a message is older than the reset and is ignored
+  (``_Unheard``). Forgotten calls (``forget_loops``) are kept the same way.
 
 * **Tripped calls** (the failure-loop breaker's): ``note_loop`` announces a trip as
   ``l <open_until> <fingerprint> <refusal> <loops key>`` with a marker
@@ -123,6 +128,7 @@ class OpenKeyCounts:
     lost: int = 0  # subscriptions lost (connection broken, silence, re-subscription)
     loop_local: int = 0  # loop checks answered from the view (refused or allowed)
     loop_round_trips: int = 0  # loop checks left to the store: view not trusted, or full
+    stale: int = 0  # announcements heard after this process's own reset, forgive or forget
 
 
 def _maybe(text: str) -> float | None:
@@ -148,6 +154,53 @@ def _text(data: bytes | str) -> str:
 
 def _glob_escape(text: str) -> str:
     return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)
+
+
+class _Unheard:
+    """This process's own closes (of a key: reset or forgive; of a call: forget) whose
+    announcement the subscriber thread has not heard yet: what the thread hears of a name
+    before that is older than the close, and is ignored.
+
+    A close not heard within ``STALE_AFTER`` seconds stops hiding anything: by then the view
+    has heard from the server since the close, or it is not trusted and syncs again (which
+    forgets every close: ``clear``). At most ``MAX_LOOPS`` closes are kept, the oldest dropped.
+    """
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._closes: dict[Any, tuple[int, float]] = {}  # name -> (closes unheard, until)
+        self._lock = threading.Lock()  # request threads close, the subscriber thread hears
+        self._now = now
+
+    def closed(self, name: Any) -> None:
+        with self._lock:
+            unheard = self._closes.pop(name, (0, 0.0))[0]
+            if len(self._closes) >= MAX_LOOPS:
+                self._closes.pop(next(iter(self._closes)))
+            self._closes[name] = (unheard + 1, self._now() + STALE_AFTER)
+
+    def heard(self, name: Any) -> None:
+        """The announcement of one close of ``name`` arrived."""
+        with self._lock:
+            unheard, until = self._closes.pop(name, (0, 0.0))
+            if unheard > 1:
+                self._closes[name] = (unheard - 1, until)
+
+    def hides(self, name: Any) -> bool:
+        """Whether what is heard now of ``name`` is older than a close of this process."""
+        if not self._closes:  # the common case: no close waits
+            return False
+        with self._lock:
+            entry = self._closes.get(name)
+            if entry is None:
+                return False
+            if entry[1] < self._now():
+                del self._closes[name]
+                return False
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._closes.clear()
 
 
 class OpenKeys:
@@ -187,6 +240,10 @@ class OpenKeys:
         self._next_room = 0.0  # monotonic time of the next look for room, while full
         # (loops key, fingerprint) -> (until, failures): calls this process saw fail
         self._failing: dict[tuple[str, str], tuple[float, float]] = {}
+        # this process's resets and forgives (keys), and forgotten calls ((loops key,
+        # fingerprint or '*')), not heard back yet: older announcements are ignored
+        self._closing = _Unheard()
+        self._forgetting = _Unheard()
         self._loop_markers = f"{_glob_escape(prefix)}:open-loop:*"
         self._loop_marker_start = len(prefix) + len(":open-loop:")
         self._trusted = False
@@ -334,13 +391,16 @@ class OpenKeys:
                     self._open[key] = (float("inf"), None)
         elif kind is Reset or kind is Forgive:
             self._open.pop(key, None)
+            self._closing.closed(key)
         elif kind is CheckLoops or kind is NoteLoop:
             self._learn_loop(op, key, result)  # type: ignore[arg-type]
         elif kind is NoteLoopBatch and isinstance(result, list):
             for note, verdict in zip(op.notes, result, strict=False):  # type: ignore[attr-defined]
                 self._learn_loop(note, key, verdict)
         elif kind is ForgetLoops:
-            self._forget_loops(key, op.fingerprint)  # type: ignore[attr-defined]
+            fingerprint = op.fingerprint  # type: ignore[attr-defined]
+            self._forget_loops(key, fingerprint)
+            self._forgetting.closed((key, fingerprint or "*"))
 
     # -- the subscriber thread -------------------------------------------------------------------
 
@@ -432,17 +492,27 @@ class OpenKeys:
             fields = rest.split(" ", _REFUSAL_FIELDS + 1)
             if len(fields) == _REFUSAL_FIELDS + 2:
                 key = fields[-1]
-                self._opened(key, float(fields[0]), fields[1:-1])
-        elif kind == "c" and self._announced(rest):
-            self._open.pop(rest, None)
+                if self._closing.hides(key):
+                    self.counts.stale += 1
+                else:
+                    self._opened(key, float(fields[0]), fields[1:-1])
+        elif kind == "c":
+            self._closing.heard(rest)
+            if self._announced(rest):
+                self._open.pop(rest, None)
         elif kind == "l":
             # '<open_until> <fingerprint> <the check's refusal: 10 fields> <loops key>'
             fields = rest.split(" ", _LOOP_FIELDS + 2)
             if len(fields) == _LOOP_FIELDS + 3:
                 key = fields[-1]
-                self._loop_opened(key, fields[1], float(fields[0]), " ".join(fields[2:-1]))
+                call = (key, fields[1])
+                if self._forgetting.hides(call) or self._forgetting.hides((key, "*")):
+                    self.counts.stale += 1
+                else:
+                    self._loop_opened(key, fields[1], float(fields[0]), " ".join(fields[2:-1]))
         elif kind == "f":
             fingerprint, _, key = rest.partition(" ")
+            self._forgetting.heard((key, fingerprint))
             self._forget_loops(key, "" if fingerprint == "*" else fingerprint)
         for listener in self.listeners:
             try:
@@ -474,6 +544,9 @@ class OpenKeys:
     def _sync(self, client: Any) -> None:
         """Read every marker (SCAN on every primary), then trust the view."""
         self._trusted = False
+        # The markers read next are the truth: a close made before them is in them.
+        self._closing.clear()
+        self._forgetting.clear()
         found: dict[str, tuple[float, Refusal | None]] = {}
         server_now = None if self._clock is not None else _server_time(client)
         tripped_before = set(self._loops)  # a trip this process marks meanwhile stays
