@@ -44,7 +44,8 @@ def warm_pool(store: RedisStore) -> Any:
     """The sync pool of a store built by ``from_url``, after a first decision (connected, the
     server checked, the scripts known)."""
     store.run(admit())
-    pool = store._clients.sync_client().connection_pool
+    client: Any = store._clients.sync_client()
+    pool = client.connection_pool
     assert type(pool) is SyncBlockingPool
     return pool
 
@@ -142,7 +143,7 @@ def test_a_connection_class_with_its_own_send_is_left_to_it(redis_url: str) -> N
     class Sending(redis.Connection):
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             sent.append(command)
-            super().send_packed_command(command, check_health)
+            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
     store = RedisStore.from_url(
         redis_url, prefix=unique_prefix(), open_keys=False, connection_class=Sending
