@@ -20,9 +20,11 @@ from tests.stores.test_redis_send import HUGE, LOOPS, POLICY, admit, stopped
 from tokenfuse import Fuse, FuseEvent
 from tokenfuse._errors import StoreUnavailable
 from tokenfuse._health import StoreHealth
+from tokenfuse._stores import redis_budget
 from tokenfuse._stores.ops import CheckLoops, Record, RecordBatch
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_budget import SyncBlockingPool
+from tokenfuse._stores.redis_ready import nothing_to_read
 
 pytestmark = pytest.mark.redis
 
@@ -284,16 +286,44 @@ def test_a_connection_asked_to_reconnect_is_given_back_redis_pys_way(store: Redi
     assert store.run(admit()).allowed
 
 
-def test_a_take_stopped_during_its_check_gives_the_connection_back(store: RedisStore) -> None:
+def test_a_take_stopped_during_its_check_gives_the_connection_back(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pool = warm_pool(store)
     connection = idle(pool)[0]
 
-    def interrupted(timeout: float = 0) -> bool:
-        raise KeyboardInterrupt  # the decision stopped at this call
+    def interrupted(connection: Any) -> bool:
+        raise KeyboardInterrupt  # the decision stopped during the check
 
-    connection.can_read = interrupted
+    monkeypatch.setattr(redis_budget, "nothing_to_read", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pool.take()
     assert idle(pool) == [connection]  # not lost to the pool
-    del connection.can_read
+    monkeypatch.undo()
+    assert store.run(admit()).allowed
+
+
+def test_a_connection_with_nothing_to_read_is_not_asked_again(store: RedisStore) -> None:
+    pool = warm_pool(store)
+    connection = idle(pool)[0]
+    asked: list[float] = []
+    can_read = connection.can_read
+
+    def counted(timeout: float = 0) -> bool:
+        asked.append(timeout)
+        return bool(can_read(timeout))
+
+    connection.can_read = counted
+    assert store.run(admit()).allowed
+    assert asked == []  # one poll said so: no recv between two settimeout calls
+    connection.send_command("ECHO", "stale")  # a reply waits: redis-py's can_read decides
+    assert connection.can_read(timeout=1.0)
+    asked.clear()
+    assert nothing_to_read(connection) is False
+    taken = pool.take()
+    # redis-py's can_read was asked (with maintenance notifications on, its default "auto",
+    # redis-py then lets the data be, as a notification the next read handles; so does take)
+    assert taken is connection and asked
+    taken.disconnect()  # (the stale reply dropped)
+    pool.give_back(taken)
     assert store.run(admit()).allowed

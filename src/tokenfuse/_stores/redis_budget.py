@@ -65,6 +65,8 @@ import redis.retry
 from redis.backoff import NoBackoff
 from redis.exceptions import MaxConnectionsError
 
+from .redis_ready import nothing_to_read
+
 __all__ = [
     "COMMAND_TIMEOUT",
     "CONNECT_TIMEOUT",
@@ -167,6 +169,8 @@ class SyncBlockingPool(redis.BlockingConnectionPool):
         the next read handles: redis-py lets that connection be, and so does this."""
         if not connection.is_connected:
             connection.connect()
+        if nothing_to_read(connection):  # what can_read() would say, with one poll
+            return
         notified = self.maint_notifications_enabled()  # type: ignore[no-untyped-call]
         try:
             if connection.can_read() and not notified:

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio.connection
+from redis._parsers.encoders import Encoder
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -44,20 +45,21 @@ _REDIS_PY_SEND = getattr(_REDIS_PY_SEND, "send_packed_command", None)
 
 def pack(connection: Any, words: tuple[Any, ...]) -> list[bytes]:
     """``words`` in the protocol, as ``connection.pack_command(*words)`` packs them, in half
-    its time: a decision's words are text (encoded by the connection's own encoder), bytes
-    and whole numbers, joined once. Any other word (a float, a memoryview), or a command
-    name with a space (redis-py splits it into words), is left to ``pack_command``."""
-    first = words[0]
-    if type(first) is not str or " " in first:
+    its time: a decision's words are text (encoded with the codec of the connection's own
+    encoder, as its ``encode`` does), bytes and whole numbers, joined once. Any other word (a
+    float, a memoryview), a command name with a space (redis-py splits it into words), or an
+    encoder of another class, is left to ``pack_command``."""
+    first, encoder = words[0], connection.encoder
+    if type(first) is not str or " " in first or type(encoder) is not Encoder:
         return connection.pack_command(*words)  # type: ignore[no-any-return]
-    encode = connection.encoder.encode
+    codec, errors = encoder.encoding, encoder.encoding_errors  # what Encoder.encode does to text
     parts = [b"*%d\r\n" % len(words)]
     for word in words:
         kind = type(word)
         if kind is bytes:
             data = word
         elif kind is str:
-            data = encode(word)
+            data = word.encode(codec, errors)
         elif kind is int:
             data = b"%d" % word
         else:

@@ -1,0 +1,48 @@
+"""Whether a pooled sync connection has anything to read, in one poll of its socket.
+
+redis-py's pools check every connection they hand out with ``can_read()``: nothing read and
+left unconsumed, no reply or end of stream waiting on the socket. Its Python parser asks the
+socket with a ``recv`` at a zero timeout, between two ``settimeout`` calls (three system calls
+and a dozen Python calls, a few microseconds on every command). When nothing is buffered in
+the parser and ``select`` finds the socket not readable (no data, no end of stream, no error),
+that ``recv`` would find nothing and ``can_read()`` would say False: so this says so, with one
+system call. Whenever it cannot tell (a parser or socket of another kind, hiredis's, TLS's own
+buffer, a descriptor past ``select``'s limit), or something may be there, it says False, and
+redis-py's ``can_read()`` decides as ever.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+from typing import Any
+
+__all__ = ["nothing_to_read"]
+
+try:  # redis-py's Python parser and its buffer, as mirrored here
+    from redis._parsers.base import _RESPBase
+    from redis._parsers.socket import SocketBuffer
+
+    _PARSER_CAN_READ: Any = _RESPBase.can_read
+    _BUFFER: Any = SocketBuffer
+except ImportError:  # pragma: no cover - depends on the redis-py installed
+    _PARSER_CAN_READ = _BUFFER = None
+
+
+def nothing_to_read(connection: Any) -> bool:
+    """True when ``connection.can_read()`` would say False: nothing to read; False when it
+    may not (or this cannot tell): then ask ``can_read()``."""
+    parser: Any = getattr(connection, "_parser", None)
+    if _BUFFER is None or type(parser).can_read is not _PARSER_CAN_READ:
+        return False
+    buffer, sock = parser._buffer, connection._sock
+    # A plain socket only: a TLS socket may hold decrypted bytes no poll of its descriptor sees.
+    if type(buffer) is not _BUFFER or type(sock) is not socket.socket or buffer._sock is not sock:
+        return False
+    if buffer.unread_bytes():
+        return False
+    try:
+        readable, _, _ = select.select((sock,), (), (), 0)
+    except (ValueError, OSError):  # a descriptor past select's FD_SETSIZE, say
+        return False
+    return not readable
