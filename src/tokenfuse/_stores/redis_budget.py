@@ -140,7 +140,7 @@ class SyncBlockingPool(redis.BlockingConnectionPool):
 
         redis-py's ``get_connection`` and ``release`` also go through a deprecation wrapper,
         check the process id twice, take the queue under a timeout, name the pool and record
-        six metrics (no-ops while they are off) and read the clock three times. Here, in the
+        six metrics (no-ops while they are off) and read the clock. Here, in the
         process that made the pool, while redis-py's metrics are off and no cache or
         maintenance (a node moving) needs the pool's lock, an idle connection is taken off the
         queue and checked as ``get_connection`` checks it (``_check``); every other case (no

@@ -37,7 +37,7 @@ from redis._parsers.encoders import Encoder
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["pack", "send_packed"]
+__all__ = ["pack", "send_packed", "write_failed"]
 
 _REDIS_PY_SEND = getattr(redis.asyncio.connection, "AbstractConnection", None)
 _REDIS_PY_SEND = getattr(_REDIS_PY_SEND, "send_packed_command", None)
@@ -86,14 +86,19 @@ async def send_packed(connection: Any, command: Iterable[bytes]) -> None:
         raise RedisTimeoutError("Timeout writing to socket") from None
     except OSError as exc:
         await connection.disconnect(nowait=True)
-        if len(exc.args) == 1:
-            number, message = "UNKNOWN", exc.args[0]
-        else:
-            number, message = exc.args[0], exc.args[1]
-        raise RedisConnectionError(f"Error {number} while writing to socket. {message}.") from exc
+        raise write_failed(exc) from exc
     except BaseException:
         await connection.disconnect(nowait=True)
         raise
+
+
+def write_failed(exc: OSError) -> RedisConnectionError:
+    """redis-py's error for a write the socket refused, with its errno as redis-py says it."""
+    if len(exc.args) == 1:
+        number, message = "UNKNOWN", exc.args[0]
+    else:
+        number, message = exc.args[0], exc.args[1]
+    return RedisConnectionError(f"Error {number} while writing to socket. {message}.")
 
 
 def _writer_for(connection: Any) -> Any:

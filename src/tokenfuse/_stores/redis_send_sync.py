@@ -24,8 +24,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis.connection
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .redis_send import write_failed
 
 __all__ = ["send_packed_sync"]
 
@@ -47,11 +48,7 @@ def send_packed_sync(connection: Any, command: Iterable[bytes]) -> None:
         raise RedisTimeoutError("Timeout writing to socket") from None
     except OSError as exc:
         connection.disconnect()
-        if len(exc.args) == 1:
-            number, message = "UNKNOWN", exc.args[0]
-        else:
-            number, message = exc.args[0], exc.args[1]
-        raise RedisConnectionError(f"Error {number} while writing to socket. {message}.") from exc
+        raise write_failed(exc) from exc
     except BaseException:
         connection.disconnect()
         raise
