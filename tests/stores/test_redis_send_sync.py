@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.event import AfterConnectionReleasedEvent, EventListenerInterface
 from redis.maint_notifications import MaintNotificationsConfig
 
 from tests.stores.conftest import OwnRedis, unique_prefix
@@ -20,7 +21,7 @@ from tests.stores.test_redis_send import HUGE, LOOPS, POLICY, admit, stopped
 from tokenfuse import Fuse, FuseEvent
 from tokenfuse._errors import StoreUnavailable
 from tokenfuse._health import StoreHealth
-from tokenfuse._stores import redis_budget
+from tokenfuse._stores import redis_plain_pool, redis_ready
 from tokenfuse._stores.ops import CheckLoops, Record, RecordBatch
 from tokenfuse._stores.redis import RedisStore
 from tokenfuse._stores.redis_budget import SyncBlockingPool
@@ -295,7 +296,7 @@ def test_a_take_stopped_during_its_check_gives_the_connection_back(
     def interrupted(connection: Any) -> bool:
         raise KeyboardInterrupt  # the decision stopped during the check
 
-    monkeypatch.setattr(redis_budget, "nothing_to_read", interrupted)
+    monkeypatch.setattr(redis_ready, "nothing_to_read", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pool.take()
     assert idle(pool) == [connection]  # not lost to the pool
@@ -326,4 +327,94 @@ def test_a_connection_with_nothing_to_read_is_not_asked_again(store: RedisStore)
     assert taken is connection and asked
     taken.disconnect()  # (the stale reply dropped)
     pool.give_back(taken)
+    assert store.run(admit()).allowed
+
+
+# -- a caller's plain pool (redis.ConnectionPool): the same lean way (redis_plain_pool) -----------
+
+
+@pytest.fixture
+def plain(redis_url: str) -> Iterator[tuple[RedisStore, Any]]:
+    client = redis.Redis.from_url(redis_url)
+    store = RedisStore(client, prefix=unique_prefix(), open_keys=False)
+    store.run(admit())  # connected, the server checked, the scripts known
+    assert type(client.connection_pool) is redis.ConnectionPool
+    yield store, client.connection_pool
+    client.close()
+
+
+def test_a_plain_pool_hands_out_idle_connections_the_lean_way(
+    plain: tuple[RedisStore, Any],
+) -> None:
+    store, pool = plain
+    calls = counting_pool(pool)
+    for _ in range(5):
+        assert store.run(Record("k", 10, POLICY)).allowed
+        store.run_many([admit(), CheckLoops("a", "0123456789abcdef", LOOPS)])
+    assert calls == {"get_connection": 0, "release": 0}
+    assert len(pool._available_connections) == 1 and not pool._in_use_connections
+    held = redis_plain_pool.take(pool)  # the only idle one is out: a new one, redis-py's way
+    store.run(admit())
+    assert calls == {"get_connection": 1, "release": 0}
+    redis_plain_pool.give_back(pool, held)
+    assert len(pool._available_connections) == 2 and not pool._in_use_connections
+
+
+def test_a_plain_pool_connection_with_a_new_token_is_released_redis_pys_way(
+    plain: tuple[RedisStore, Any],
+) -> None:
+    store, pool = plain
+    calls = counting_pool(pool)
+    connection = redis_plain_pool.take(pool)
+    connection._re_auth_token = object()  # a streaming credential provider's new token
+    reauthed: list[Any] = []
+    connection.re_auth = lambda: reauthed.append(connection)  # redis-py's would send AUTH
+    redis_plain_pool.give_back(pool, connection)
+    assert calls == {"get_connection": 0, "release": 1}
+    assert reauthed == [connection]  # release's event reached its listener
+    del connection.re_auth
+    connection._re_auth_token = None
+    assert store.run(admit()).allowed
+
+
+def test_a_plain_pool_with_another_released_listener_is_released_redis_pys_way(
+    plain: tuple[RedisStore, Any],
+) -> None:
+    store, pool = plain
+    heard: list[Any] = []
+
+    class Listening(EventListenerInterface):
+        def listen(self, event: object) -> None:
+            heard.append(event)
+
+    pool._event_dispatcher.register_listeners({AfterConnectionReleasedEvent: [Listening()]})
+    calls = counting_pool(pool)
+    assert store.run(admit()).allowed
+    assert calls == {"get_connection": 1, "release": 1} and len(heard) == 1
+
+
+def test_a_plain_pool_of_another_process_takes_redis_pys_way(
+    plain: tuple[RedisStore, Any],
+) -> None:
+    store, pool = plain
+    calls = counting_pool(pool)
+    pool.pid = -1  # made by another process: get_connection resets the pool first
+    assert store.run(admit()).allowed
+    assert calls == {"get_connection": 1, "release": 0}  # (reset: this process's pool now)
+    assert len(pool._available_connections) == 1 and not pool._in_use_connections
+
+
+def test_a_plain_pool_take_stopped_during_its_check_gives_the_connection_back(
+    plain: tuple[RedisStore, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, pool = plain
+
+    def interrupted(connection: Any) -> bool:
+        raise KeyboardInterrupt  # the decision stopped during the check
+
+    monkeypatch.setattr(redis_ready, "nothing_to_read", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        redis_plain_pool.take(pool)
+    assert len(pool._available_connections) == 1 and not pool._in_use_connections
+    monkeypatch.undo()
     assert store.run(admit()).allowed

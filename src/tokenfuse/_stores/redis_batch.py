@@ -28,6 +28,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from . import redis_plain_pool
 from .redis_budget import AsyncBlockingPool, SyncBlockingPool
 from .redis_send import send_packed
 from .redis_send_sync import send_packed_sync
@@ -62,17 +63,24 @@ def on_pooled_connection(client: Any, exchange: Callable[[Any], T]) -> T:
     under the connection's retry: a connection error disconnects it before the retry, which
     reconnects; the connection goes back to the pool whatever happened."""
     pool: Any = client.connection_pool  # redis-py's own pool, typed loosely there
-    if type(pool) is SyncBlockingPool:  # RedisStore.from_url's: its lean way (redis_budget)
-        take, give_back = pool.take, pool.give_back
+    kind = type(pool)
+    if kind is SyncBlockingPool:  # RedisStore.from_url's: its lean way (redis_budget)
+        connection = pool.take()
+    elif kind is redis.ConnectionPool:  # a caller's plain pool: the same (redis_plain_pool)
+        connection = redis_plain_pool.take(pool)
     else:
-        take, give_back = pool.get_connection, pool.release
-    connection = take()
+        connection = pool.get_connection()
     try:
         return connection.retry.call_with_retry(  # type: ignore[no-any-return]
             lambda: exchange(connection), lambda error: connection.disconnect()
         )
     finally:
-        give_back(connection)
+        if kind is SyncBlockingPool:
+            pool.give_back(connection)
+        elif kind is redis.ConnectionPool:
+            redis_plain_pool.give_back(pool, connection)
+        else:
+            pool.release(connection)
 
 
 async def on_pooled_connection_async(client: Any, exchange: Callable[[Any], Awaitable[T]]) -> T:

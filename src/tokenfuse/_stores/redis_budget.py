@@ -65,7 +65,7 @@ import redis.retry
 from redis.backoff import NoBackoff
 from redis.exceptions import MaxConnectionsError
 
-from .redis_ready import nothing_to_read
+from .redis_ready import check_pooled
 
 __all__ = [
     "COMMAND_TIMEOUT",
@@ -143,7 +143,7 @@ class SyncBlockingPool(redis.BlockingConnectionPool):
         six metrics (no-ops while they are off) and read the clock. Here, in the
         process that made the pool, while redis-py's metrics are off and no cache or
         maintenance (a node moving) needs the pool's lock, an idle connection is taken off the
-        queue and checked as ``get_connection`` checks it (``_check``); every other case (no
+        queue and checked as ``get_connection`` checks it (``check_pooled``); every other case (no
         idle connection: a new one to make, or a wait) goes through ``get_connection``."""
         if self._quick():
             try:
@@ -155,31 +155,12 @@ class SyncBlockingPool(redis.BlockingConnectionPool):
                     self.pool.put_nowait(None)
             if connection is not None:
                 try:  # (as get_connection: whatever stops the check gives the connection back)
-                    self._check(connection)
+                    check_pooled(self, connection)
                 except BaseException:
                     self.release(connection)  # type: ignore[no-untyped-call]
                     raise
                 return connection
         return self.get_connection()
-
-    def _check(self, connection: Any) -> None:
-        """``get_connection``'s check of a pooled connection, as redis-py makes it: connected,
-        and nothing left to read, else reconnected once (or raising). With maintenance
-        notifications on (redis-py's "auto" default), data waiting may be a notification, which
-        the next read handles: redis-py lets that connection be, and so does this."""
-        if not connection.is_connected:
-            connection.connect()
-        if nothing_to_read(connection):  # what can_read() would say, with one poll
-            return
-        notified = self.maint_notifications_enabled()  # type: ignore[no-untyped-call]
-        try:
-            if connection.can_read() and not notified:
-                raise redis.ConnectionError("Connection has data")
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            connection.disconnect()
-            connection.connect()
-            if connection.can_read() and not notified:
-                raise redis.ConnectionError("Connection not ready") from None
 
     def give_back(self, connection: Any) -> None:
         """``release`` of a connection ``take`` handed out: put back on the queue while nothing

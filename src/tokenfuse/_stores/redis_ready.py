@@ -1,4 +1,4 @@
-"""Whether a pooled sync connection has anything to read, in one poll of its socket.
+"""Whether a pooled sync connection is ready for a command: nothing to read, in one poll.
 
 redis-py's pools check every connection they hand out with ``can_read()``: nothing read and
 left unconsumed, no reply or end of stream waiting on the socket. Its Python parser asks the
@@ -17,7 +17,9 @@ import select
 import socket
 from typing import Any
 
-__all__ = ["nothing_to_read"]
+import redis
+
+__all__ = ["check_pooled", "nothing_to_read"]
 
 try:  # redis-py's Python parser and its buffer, as mirrored here
     from redis._parsers.base import _RESPBase
@@ -46,3 +48,24 @@ def nothing_to_read(connection: Any) -> bool:
     except (ValueError, OSError):  # a descriptor past select's FD_SETSIZE, say
         return False
     return not readable
+
+
+def check_pooled(pool: Any, connection: Any) -> None:
+    """``get_connection``'s check of a connection just taken from ``pool``, as redis-py makes
+    it: connected, and nothing left to read, else reconnected once (or raising). With
+    maintenance notifications on (redis-py's "auto" default), data waiting may be a
+    notification, which the next read handles: redis-py lets that connection be, and so does
+    this."""
+    if not connection.is_connected:
+        connection.connect()
+    if nothing_to_read(connection):  # what can_read() would say, with one poll
+        return
+    notified = pool.maint_notifications_enabled()
+    try:
+        if connection.can_read() and not notified:
+            raise redis.ConnectionError("Connection has data")
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        connection.disconnect()
+        connection.connect()
+        if connection.can_read() and not notified:
+            raise redis.ConnectionError("Connection not ready") from None
