@@ -249,21 +249,25 @@ def batched_records(url: str, prefix: str, calls: int) -> None:
 
 
 #: The cases ``--just-calls`` runs (``benchmarks/instructions.sh sync``): sync calls on
-#: ``RedisStore.from_url``'s sync client.
-JUST_CALLS = ("ping", "run", "record")
+#: ``RedisStore.from_url``'s sync client, and ("plain-") on a plain ``redis.Redis`` client
+#: given to ``RedisStore`` (the first table's "redis PING" and "Fuse.record (RedisStore)").
+JUST_CALLS = ("ping", "run", "record", "plain-ping", "plain-record")
 
 
 def just_calls(case: str, calls: int, url: str) -> None:
     """``calls`` sync calls of one case, after 200 to warm up, and nothing else: run twice under
     callgrind (two call counts), the difference is the calls' instructions without start-up."""
     prefix = unique_prefix("calls")
-    store = RedisStore.from_url(url, prefix=prefix, open_keys=False)
+    if case.startswith("plain-"):
+        store = RedisStore(redis.Redis.from_url(url), prefix=prefix, open_keys=False)
+    else:
+        store = RedisStore.from_url(url, prefix=prefix, open_keys=False)
     fuse = Fuse(store, velocity=POLICY)
     call = {
         "ping": store._clients.sync_client().ping,
         "run": lambda: store.run(Record(f"{prefix}:k", 10, POLICY)),
         "record": lambda: fuse.record("agent", 10),
-    }[case]
+    }[case.removeprefix("plain-")]
     try:
         for _ in range(200):
             call()
