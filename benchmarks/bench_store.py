@@ -42,12 +42,19 @@ FROM_URL_PING = "async redis PING, from_url's client"
 #: given a plain ``redis.asyncio.Redis``, ``FROM_URL_PING`` for ``RedisStore.from_url``'s.
 FROM_URL_RECORD = "async Fuse.record (RedisStore.from_url)"
 FROM_URL_ADMIT = "async RedisStore.arun(Admit), from_url"
+#: The sync decisions on ``RedisStore.from_url``'s sync client, against a PING on that client.
+SYNC_FROM_URL_PING = "redis PING, from_url's client"
+SYNC_FROM_URL_RECORD = "Fuse.record (RedisStore.from_url)"
+SYNC_FROM_URL_RUN = "RedisStore.run(Record), from_url"
 
 #: (case, baseline, target) for each ratio of medians reported.
 RATIOS = [
     ("Fuse.record (RedisStore)", "redis PING", "<= 1.3"),
     ("RedisStore.run(Record)", "redis PING", ""),
     ("redis EVALSHA of 'return 1'", "redis PING", ""),
+    (SYNC_FROM_URL_RECORD, SYNC_FROM_URL_PING, "<= 1.3"),
+    (SYNC_FROM_URL_RUN, SYNC_FROM_URL_PING, ""),
+    (SYNC_FROM_URL_PING, "redis PING", ""),
     ("limits sliding-window hit (redis)", "redis PING", ""),
     ("Fuse.record (RedisStore)", "limits sliding-window hit (redis)", "<= 1.0"),
     ("Fuse.record (RedisStore)", "limits moving-window hit (redis)", ""),
@@ -98,6 +105,9 @@ async def measure(url: str, prefix: str, calls: int) -> dict[str, list[float]]:
         "RedisStore.run(Record)": lambda: store.run(Record(f"{prefix}:k", 10, POLICY)),
         "Fuse.record (RedisStore)": lambda: fuse.record("agent", 10),
         "Fuse.gate (RedisStore)": lambda: fuse.gate("agent"),
+        SYNC_FROM_URL_PING: built._clients.sync_client().ping,
+        SYNC_FROM_URL_RUN: lambda: built.run(Record(f"{prefix}:u", 10, POLICY)),
+        SYNC_FROM_URL_RECORD: lambda: built_fuse.record("agent", 10),
         "limits sliding-window hit (redis)": lambda: sliding.hit(ITEM, prefix, "k"),
         "limits moving-window hit (redis)": lambda: moving.hit(ITEM, prefix, "k"),
         # The first asyncio call after the sync ones pays a wake-up too (its own row, as above).
@@ -238,12 +248,51 @@ def batched_records(url: str, prefix: str, calls: int) -> None:
         store.close()
 
 
+#: The cases ``--just-calls`` runs (``benchmarks/instructions.sh sync``): sync calls on
+#: ``RedisStore.from_url``'s sync client, and ("plain-") on a plain ``redis.Redis`` client
+#: given to ``RedisStore`` (the first table's "redis PING" and "Fuse.record (RedisStore)").
+JUST_CALLS = ("ping", "run", "record", "plain-ping", "plain-record")
+
+
+def just_calls(case: str, calls: int, url: str) -> None:
+    """``calls`` sync calls of one case, after 200 to warm up, and nothing else: run twice under
+    callgrind (two call counts), the difference is the calls' instructions without start-up."""
+    prefix = unique_prefix("calls")
+    if case.startswith("plain-"):
+        store = RedisStore(redis.Redis.from_url(url), prefix=prefix, open_keys=False)
+    else:
+        store = RedisStore.from_url(url, prefix=prefix, open_keys=False)
+    fuse = Fuse(store, velocity=POLICY)
+    call = {
+        "ping": store._clients.sync_client().ping,
+        "run": lambda: store.run(Record(f"{prefix}:k", 10, POLICY)),
+        "record": lambda: fuse.record("agent", 10),
+    }[case.removeprefix("plain-")]
+    try:
+        for _ in range(200):
+            call()
+        for _ in range(calls):
+            call()
+    finally:
+        store.close()
+        delete_keys(url, f"{prefix}*")
+
+
 def main() -> None:
     parser = options(__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=3000, help="calls per case and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batched", type=int, default=200_000, help="calls to record batched")
+    parser.add_argument(
+        "--just-calls", nargs=2, metavar=("CASE", "CALLS"), help=f"only CALLS of {JUST_CALLS}"
+    )
     args = parser.parse_args()
+    if args.just_calls:
+        case, calls = args.just_calls
+        if case not in JUST_CALLS:
+            parser.error(f"--just-calls: the case is one of {JUST_CALLS}")
+        just_calls(case, int(calls), args.redis)
+        return
     prefix = unique_prefix("store")
     try:
         results = asyncio.run(measure(args.redis, prefix, args.ops * args.rounds))

@@ -6,6 +6,8 @@
 #
 #     bash benchmarks/instructions.sh            # JSON calls: 10 vs 510; streams: 2 vs 22
 #     bash benchmarks/instructions.sh middleware # requests: 20 vs 220
+#     bash benchmarks/instructions.sh sync [url] # sync PING, run(Record), Fuse.record: 100 vs 1100
+#                                                # (from_url's client; plain-: a plain redis.Redis)
 #
 # Needs valgrind. The transport: MemoryStore, over httpx.MockTransport (bench_transport.py
 # --just-calls); the guard as it comes (the failure-loop breaker on) and with
@@ -29,6 +31,22 @@ total() { # case body calls -> instructions of the whole run
     "$python" benchmarks/bench_transport.py --just-calls "$1" "$2" "$3" >/dev/null 2>"$work/err"
   awk '/^(summary|totals):/ {print $2; exit}' "$work/out"
 }
+
+if [[ ${1:-} == sync ]]; then # bash benchmarks/instructions.sh sync [redis-url]: 100 vs 1100
+  calls() { # case calls -> instructions of the whole run
+    valgrind --tool=callgrind --callgrind-out-file="$work/out" "$python" benchmarks/bench_store.py \
+      --redis "${2:-redis://127.0.0.1:6379/15}" --just-calls "$1" "$3" >/dev/null 2>"$work/err"
+    awk '/^(summary|totals):/ {print $2; exit}' "$work/out"
+  }
+  echo "| sync call (on RedisStore.from_url's client; plain-: on a plain redis.Redis) | instructions per call |"
+  echo "|---|---:|"
+  for case in ping run record plain-ping plain-record; do
+    few=$(calls "$case" "${2:-}" 100)
+    many=$(calls "$case" "${2:-}" 1100)
+    echo "| $case | $(((many - few) / 1000)) |"
+  done
+  exit 0
+fi
 
 if [[ ${1:-} == middleware ]]; then
   requests() { # case requests -> instructions of the whole run

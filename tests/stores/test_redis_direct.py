@@ -21,7 +21,7 @@ from tokenfuse._errors import StoreBusy, StoreUnavailable
 from tokenfuse._stores import redis_direct
 from tokenfuse._stores.ops import Gate, Record
 from tokenfuse._stores.redis import RedisStore
-from tokenfuse._stores.redis_budget import AsyncBlockingPool
+from tokenfuse._stores.redis_budget import AsyncBlockingPool, SyncBlockingPool
 
 pytestmark = pytest.mark.redis
 
@@ -58,6 +58,15 @@ def kill_each_connection_handed_out(pool: Any, admin: redis.Redis) -> list[int]:
             return connection
 
         pool.take = take_then_kill  # type: ignore[method-assign]
+    elif isinstance(pool, SyncBlockingPool):
+        sync_take = pool.take
+
+        def sync_take_then_kill() -> Any:
+            connection = sync_take()
+            kill()
+            return connection
+
+        pool.take = sync_take_then_kill  # type: ignore[method-assign]
     elif isinstance(pool, redis.asyncio.ConnectionPool):
 
         async def aget_then_kill() -> Any:
@@ -135,14 +144,14 @@ def test_without_retries_a_killed_connection_is_unavailable_and_given_back(
     try:
         store.run(Gate("k"))
         pool = store._clients.sync_client().connection_pool
-        get = pool.get_connection
+        take = pool.take  # type: ignore[union-attr]
         killed = kill_each_connection_handed_out(pool, admin)
         with pytest.raises(StoreUnavailable) as caught:
             store.run(Gate("k"))
         assert type(caught.value) is StoreUnavailable  # an outage, not a full pool
         assert isinstance(caught.value.__cause__, redis.ConnectionError)
         assert killed == [1]
-        pool.get_connection = get  # type: ignore[method-assign]  # no more killing
+        pool.take = take  # type: ignore[union-attr]  # no more killing
         assert store.run(Gate("k")).allowed  # the connection was given back
     finally:
         store.close()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from redis._parsers.encoders import Encoder
 
 from tests.stores.conftest import OwnRedis, unique_prefix
 from tokenfuse import BucketPolicy, Fuse, FuseEvent, VelocityPolicy
@@ -229,15 +230,17 @@ async def test_a_server_that_resets_mid_send_is_retried_as_before(
         ("FCALL", "admit", 1, "k", memoryview(b"abc")),  # a memoryview: redis-py's
         ("FCALL", "admit", 1, "k", True),  # a bool: redis-py refuses it
         ("CONFIG GET", "maxmemory"),  # a name redis-py splits into words
+        ("FCALL", "admit", 1, "k:\udcff"),  # no text in UTF-8: refused, or replaced as told
     ],
 )
-def test_pack_writes_what_redis_py_packs(words: tuple[Any, ...]) -> None:
-    for options in ({}, {"encoding": "latin-1"}):
-        connection = redis.asyncio.Connection(**options)
+@pytest.mark.parametrize("kind", [redis.asyncio.Connection, redis.Connection])
+def test_pack_writes_what_redis_py_packs(words: tuple[Any, ...], kind: Any) -> None:
+    for options in ({}, {"encoding": "latin-1"}, {"encoding_errors": "replace"}):
+        connection = kind(**options)
         try:
             expected = b"".join(bytes(part) for part in connection.pack_command(*words))
-        except redis.DataError:
-            with pytest.raises(redis.DataError):
+        except (redis.DataError, UnicodeEncodeError) as refused:
+            with pytest.raises(type(refused)):
                 pack(connection, words)
             continue
         assert b"".join(bytes(part) for part in pack(connection, words)) == expected
@@ -340,3 +343,14 @@ async def test_a_take_stopped_during_its_check_gives_the_connection_back(
     assert not pool._in_use_connections  # not lost to the pool
     del idle.can_read
     assert (await store.arun(admit())).allowed
+
+
+def test_pack_leaves_an_encoder_of_another_class_to_pack_command() -> None:
+    class Other(Encoder):
+        """An encoder of the caller's, which may encode text its own way."""
+
+    connections: list[Any] = [redis.Connection(), redis.asyncio.Connection()]  # type: ignore[no-untyped-call]
+    for connection in connections:
+        connection.encoder = Other("utf-8", "strict", False)  # type: ignore[no-untyped-call]
+        connection.pack_command = lambda *words: [b"redis-py's"]
+        assert pack(connection, ("FCALL", "admit", 1, "k", b"x")) == [b"redis-py's"]

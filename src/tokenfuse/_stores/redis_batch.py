@@ -8,7 +8,7 @@ reset for every batch: sending the middleware's two scripts this way instead too
 commands are packed and written at once and their replies read in order, on a connection
 taken from the client's own pool, with the connection's own retry (one at once on a
 connection error, as every command of the store's clients has: ``redis_budget``) and its own
-timeouts (an asyncio connection's write: ``redis_send``). A reply that is an
+timeouts (the write: ``redis_send``, ``redis_send_sync``). A reply that is an
 error (``NOSCRIPT``, a script's error) is returned in its place, as the pipeline's
 ``raise_on_error=False`` does; any other failure disconnects the connection (redis-py does
 that in its reads and writes, cancellation included), so no reply is left unread on a
@@ -28,8 +28,10 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from .redis_budget import AsyncBlockingPool
+from . import redis_plain_pool
+from .redis_budget import AsyncBlockingPool, SyncBlockingPool
 from .redis_send import send_packed
+from .redis_send_sync import send_packed_sync
 
 __all__ = ["Command", "asend_all", "on_pooled_connection", "on_pooled_connection_async", "send_all"]
 
@@ -61,13 +63,24 @@ def on_pooled_connection(client: Any, exchange: Callable[[Any], T]) -> T:
     under the connection's retry: a connection error disconnects it before the retry, which
     reconnects; the connection goes back to the pool whatever happened."""
     pool: Any = client.connection_pool  # redis-py's own pool, typed loosely there
-    connection = pool.get_connection()
+    kind = type(pool)
+    if kind is SyncBlockingPool:  # RedisStore.from_url's: its lean way (redis_budget)
+        connection = pool.take()
+    elif kind is redis.ConnectionPool:  # a caller's plain pool: the same (redis_plain_pool)
+        connection = redis_plain_pool.take(pool)
+    else:
+        connection = pool.get_connection()
     try:
         return connection.retry.call_with_retry(  # type: ignore[no-any-return]
             lambda: exchange(connection), lambda error: connection.disconnect()
         )
     finally:
-        pool.release(connection)
+        if kind is SyncBlockingPool:
+            pool.give_back(connection)
+        elif kind is redis.ConnectionPool:
+            redis_plain_pool.give_back(pool, connection)
+        else:
+            pool.release(connection)
 
 
 async def on_pooled_connection_async(client: Any, exchange: Callable[[Any], Awaitable[T]]) -> T:
@@ -87,7 +100,7 @@ async def on_pooled_connection_async(client: Any, exchange: Callable[[Any], Awai
 
 
 def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
-    connection.send_packed_command(connection.pack_commands(commands))
+    send_packed_sync(connection, connection.pack_commands(commands))
     replies: list[Any] = []
     for _ in commands:
         try:

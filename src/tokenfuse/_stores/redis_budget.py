@@ -48,6 +48,8 @@ A client the caller built is never changed (it is theirs, maybe shared with othe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import queue
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -58,9 +60,12 @@ import redis.asyncio.cluster
 import redis.asyncio.connection
 import redis.asyncio.retry
 import redis.cluster
+import redis.connection
 import redis.retry
 from redis.backoff import NoBackoff
 from redis.exceptions import MaxConnectionsError
+
+from .redis_ready import check_pooled
 
 __all__ = [
     "COMMAND_TIMEOUT",
@@ -128,6 +133,51 @@ class SyncBlockingPool(redis.BlockingConnectionPool):
             if pool_exhausted(exc):
                 raise _full(self) from exc
             raise
+
+    def take(self) -> Any:
+        """A connection for one decision (``redis_batch.on_pooled_connection``): while nothing
+        needs the pool's bookkeeping, an idle connection taken off its queue without waiting.
+
+        redis-py's ``get_connection`` and ``release`` also go through a deprecation wrapper,
+        check the process id twice, take the queue under a timeout, name the pool and record
+        six metrics (no-ops while they are off) and read the clock. Here, in the
+        process that made the pool, while redis-py's metrics are off and no cache or
+        maintenance (a node moving) needs the pool's lock, an idle connection is taken off the
+        queue and checked as ``get_connection`` checks it (``check_pooled``); every other case (no
+        idle connection: a new one to make, or a wait) goes through ``get_connection``."""
+        if self._quick():
+            try:
+                connection = self.pool.get_nowait()
+            except queue.Empty:
+                connection = None  # every connection in use: get_connection waits for one
+            else:
+                if connection is None:  # room for a new one: get_connection makes it
+                    self.pool.put_nowait(None)
+            if connection is not None:
+                try:  # (as get_connection: whatever stops the check gives the connection back)
+                    check_pooled(self, connection)
+                except BaseException:
+                    self.release(connection)  # type: ignore[no-untyped-call]
+                    raise
+                return connection
+        return self.get_connection()
+
+    def give_back(self, connection: Any) -> None:
+        """``release`` of a connection ``take`` handed out: put back on the queue while nothing
+        needs more (a reconnect asked, a connection of another process)."""
+        if self._quick() and connection.pid == self.pid and not connection.should_reconnect():
+            with contextlib.suppress(queue.Full):  # (as release: a reset pool has its own)
+                self.pool.put_nowait(connection)
+            return
+        self.release(connection)  # type: ignore[no-untyped-call]
+
+    def _quick(self) -> bool:
+        """Whether taking or giving back a connection needs none of the pool's bookkeeping."""
+        if not _SYNC_LEAN or self._in_maintenance or self.cache is not None:
+            return False
+        if self.pid != os.getpid():  # a forked child: get_connection resets the pool first
+            return False
+        return not _metrics_on()
 
 
 class AsyncBlockingPool(redis.asyncio.BlockingConnectionPool):
@@ -253,9 +303,17 @@ try:  # redis-py 7.1 and later: metrics, a "released" event and re-authenticatio
         hasattr(redis.asyncio.connection.AbstractConnection, name)
         for name in ("should_reconnect", "can_read", "is_connected", "re_auth")
     )
+    _SYNC_LEAN = all(
+        hasattr(redis.connection.AbstractConnection, name)
+        for name in ("should_reconnect", "can_read", "is_connected", "disconnect")
+    ) and all(
+        hasattr(redis.BlockingConnectionPool, name)
+        for name in ("maint_notifications_enabled", "_checkpid")
+    )
 except ImportError:  # pragma: no cover - depends on the redis-py installed
     _metrics_on = _metrics_off
     _LEAN = False
+    _SYNC_LEAN = False
 
 
 class TurnTaking:

@@ -33,10 +33,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio.connection
+from redis._parsers.encoders import Encoder
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["pack", "send_packed"]
+__all__ = ["pack", "send_packed", "write_failed"]
 
 _REDIS_PY_SEND = getattr(redis.asyncio.connection, "AbstractConnection", None)
 _REDIS_PY_SEND = getattr(_REDIS_PY_SEND, "send_packed_command", None)
@@ -44,20 +45,21 @@ _REDIS_PY_SEND = getattr(_REDIS_PY_SEND, "send_packed_command", None)
 
 def pack(connection: Any, words: tuple[Any, ...]) -> list[bytes]:
     """``words`` in the protocol, as ``connection.pack_command(*words)`` packs them, in half
-    its time: a decision's words are text (encoded by the connection's own encoder), bytes
-    and whole numbers, joined once. Any other word (a float, a memoryview), or a command
-    name with a space (redis-py splits it into words), is left to ``pack_command``."""
-    first = words[0]
-    if type(first) is not str or " " in first:
+    its time: a decision's words are text (encoded with the codec of the connection's own
+    encoder, as its ``encode`` does), bytes and whole numbers, joined once. Any other word (a
+    float, a memoryview), a command name with a space (redis-py splits it into words), or an
+    encoder of another class, is left to ``pack_command``."""
+    first, encoder = words[0], connection.encoder
+    if type(first) is not str or " " in first or type(encoder) is not Encoder:
         return connection.pack_command(*words)  # type: ignore[no-any-return]
-    encode = connection.encoder.encode
+    codec, errors = encoder.encoding, encoder.encoding_errors  # what Encoder.encode does to text
     parts = [b"*%d\r\n" % len(words)]
     for word in words:
         kind = type(word)
         if kind is bytes:
             data = word
         elif kind is str:
-            data = encode(word)
+            data = word.encode(codec, errors)
         elif kind is int:
             data = b"%d" % word
         else:
@@ -84,14 +86,19 @@ async def send_packed(connection: Any, command: Iterable[bytes]) -> None:
         raise RedisTimeoutError("Timeout writing to socket") from None
     except OSError as exc:
         await connection.disconnect(nowait=True)
-        if len(exc.args) == 1:
-            number, message = "UNKNOWN", exc.args[0]
-        else:
-            number, message = exc.args[0], exc.args[1]
-        raise RedisConnectionError(f"Error {number} while writing to socket. {message}.") from exc
+        raise write_failed(exc) from exc
     except BaseException:
         await connection.disconnect(nowait=True)
         raise
+
+
+def write_failed(exc: OSError) -> RedisConnectionError:
+    """redis-py's error for a write the socket refused, with its errno as redis-py says it."""
+    if len(exc.args) == 1:
+        number, message = "UNKNOWN", exc.args[0]
+    else:
+        number, message = exc.args[0], exc.args[1]
+    return RedisConnectionError(f"Error {number} while writing to socket. {message}.")
 
 
 def _writer_for(connection: Any) -> Any:
