@@ -46,6 +46,7 @@ made by it: only failures noted after the app trip one.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 from collections.abc import Callable, Iterable
@@ -66,6 +67,9 @@ logger = logging.getLogger("tokenfuse.middleware")
 
 #: How much of a request body is read to fingerprint it.
 BODY_LIMIT = 1 << 20
+#: Bodiless calls (route and query) whose names each breaker keeps: a client polls a few
+#: endpoints, but a path or a query may carry an id, so the names are bounded.
+NAMES_KEPT = 256
 
 
 def is_failure(status: int) -> bool:
@@ -119,6 +123,9 @@ class InboundLoops:
         # Repeats are not reported inbound, so unless they are refused no send needs counting:
         # the check asks only "is this call tripped?", which a store's view may answer.
         self.local = policy.on_repeat == "event"
+        # A bodiless call's name (its fingerprint, an HMAC, and its printable path) depends on
+        # its route and query alone: made once per route, not on every request.
+        self._bodiless = functools.lru_cache(maxsize=NAMES_KEPT)(self._name)
 
     def prepare(
         self, identity: Identity, request: RequestView, query: Any, body: bytes | None
@@ -140,8 +147,12 @@ class InboundLoops:
     def name(self, request: RequestView, query: Any, body: bytes | None) -> CallName:
         """The call: route, query and body in its fingerprint; the route alone in messages
         (a query may carry a credential)."""
-        path = request.path + _query(query)
-        return self.breaker.name(request.method, "", path, body, shown=request.path)
+        if body is None and isinstance(query, (bytes, str)):  # hashable: a cache key
+            return self._bodiless(request.method, request.path, query, None)
+        return self._name(request.method, request.path, query, body)
+
+    def _name(self, method: str, path: str, query: Any, body: bytes | None) -> CallName:
+        return self.breaker.name(method, "", path + _query(query), body, shown=path)
 
     def check(self, identity: Identity, check: LoopCheck) -> tuple[Decision, LoopCall]:
         """The check on its own (lease mode): a round trip, or the store's local answer."""
