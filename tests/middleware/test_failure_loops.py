@@ -413,3 +413,27 @@ def test_a_store_failure_fails_open_and_is_reported(
 def test_a_wrong_policy_type_is_refused() -> None:
     with pytest.raises(ValueError, match="FailureLoopPolicy"):
         TokenFuseWSGI(lambda environ, start: [], failure_loops=3)  # type: ignore[arg-type]
+
+
+def test_a_bodiless_call_s_name_is_made_once_per_route_and_the_names_are_bounded() -> None:
+    """The name (fingerprint, shown path) of a call without a body is kept per route and
+    query, for at most ``NAMES_KEPT`` routes; a call with a body is named anew each time."""
+    from tokenfuse._middleware.loops import NAMES_KEPT, InboundLoops
+    from tokenfuse._middleware.request import AsgiRequest
+
+    loops = InboundLoops(Fuse(MemoryStore(), secret=SECRET), FailureLoopPolicy())
+
+    def request(path: str) -> AsgiRequest:
+        return AsgiRequest({"method": "POST", "path": path})
+
+    first = loops.name(request("/tools/a"), b"x=1&y=2", None)
+    assert loops.name(request("/tools/a"), b"x=1&y=2", None) is first
+    assert loops.name(request("/tools/a"), b"y=2&x=1", None) == first  # the same arguments
+    assert loops.name(request("/tools/a"), b"x=2", None).fingerprint != first.fingerprint
+    with_body = loops.name(request("/tools/a"), b"x=1&y=2", b"{}")
+    assert with_body is not loops.name(request("/tools/a"), b"x=1&y=2", b"{}")
+    assert with_body.fingerprint != first.fingerprint
+    for at in range(NAMES_KEPT + 10):
+        loops.name(request(f"/items/{at}"), b"", None)
+    assert loops._bodiless.cache_info().currsize == NAMES_KEPT
+    assert loops.name(request("/tools/a"), b"x=1&y=2", None) == first  # made again, the same

@@ -249,15 +249,17 @@ class OpenKeys:
             self.start()
             return None
         call = (key, fingerprint)
-        now = self._now()
         self.counts.loop_local += 1
         entry = self._loops.get(call)
+        seen = self._failing.get(call)
+        if entry is None and seen is None:
+            return LoopVerdict()  # most calls: never tripped, no failure seen (no clock read)
+        now = self._now()
         if entry is not None:
             until, refusal = entry
             if until > now:
                 return replace(refusal, retry_after=until - now)
             self._loops.pop(call, None)
-        seen = self._failing.get(call)
         if seen is not None and seen[0] <= now:
             self._failing.pop(call, None)
             seen = None
