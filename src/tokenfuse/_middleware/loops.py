@@ -57,7 +57,7 @@ from .._core.loops import LoopVerdict
 from .._errors import StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
-from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, plain
 from .mcp.body import Receive, read_body
 from .request import RequestView
 
@@ -138,9 +138,13 @@ class InboundLoops:
     ) -> tuple[Decision | None, LoopCall]:
         """The decision on the check's verdict from the shared pipeline (None when the store
         failed or was skipped: the admission's decision counted that, and the call goes
-        unchecked), and the watch of the call."""
+        unchecked; None too for a verdict with nothing to refuse, which is only counted),
+        and the watch of the call."""
         if verdict is None:
             return None, LoopCall(identity, check.call, None)
+        if plain(verdict):  # most calls: no decision to act on (the metrics still count it)
+            self.breaker.passed(identity, check, verdict)
+            return None, LoopCall(identity, check.call, verdict)
         decision = self.breaker.concluded(identity, check, verdict, report=False)
         return decision, LoopCall(identity, check.call, verdict)
 
