@@ -26,7 +26,8 @@ fingerprinted by its first ``BODY_LIMIT`` bytes.
 (``on_repeat="refuse"``) no send needs counting, and the check asks only "is this call
 tripped?" (``CheckLoops.local``). A store that keeps a view of the tripped calls
 (``RedisStore``'s open-key view, once synced: ``_stores/open_keys.py``) answers that without
-a round trip, so the direct mode sends the admission (``Admit``) alone before the app, and
+a round trip, so the direct mode sends the admission (``Admit``) alone before the app, as a
+plain script call (``Fuse.admit_with`` asks the store first: ``RedisStore.known``), and
 lease mode (``lease=True``) sends nothing; while the view is not trusted, the check goes in
 one pipeline with the admission (``Fuse.admit_with``; in lease mode, a round trip of its
 own). After the app, a note goes to the store only for an error, or for a success that ends

@@ -53,7 +53,7 @@ from .redis_clients import (
     retried_alone,
     unavailable,
 )
-from .redis_codec import CODECS, Args
+from .redis_codec import CODECS, Args, loops_key_of
 from .redis_events import RedisEventLog
 
 __all__ = ["RedisStore"]
@@ -296,8 +296,7 @@ class RedisStore:
         view = self.open_keys
         if view is None or not isinstance(op, CheckLoops) or not op.local:
             return None
-        key = CODECS[CheckLoops].key(self.prefix, op.key)
-        return cast(R, view.known_loop(key, op.fingerprint))
+        return cast(R, view.known_loop(loops_key_of(self.prefix, op.key), op.fingerprint))
 
     def _known(self, op: Op[R]) -> tuple[str, R | None]:
         """The operation's Redis key, and its result if the open-key view knows it (a gate, or
