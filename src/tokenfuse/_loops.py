@@ -391,10 +391,16 @@ class LoopBreaker:
         decision = await self.fuse._adecide(identity, check, judge)
         return decision, judge.verdict
 
-    def prepare(self, identity: Identity, call: CallName, local: bool = False) -> LoopCheck:
-        """The call's check, to run with the caller's other steps (``concluded`` decides)."""
+    def prepare(
+        self, identity: Identity, call: CallName, local: bool = False, op: CheckLoops | None = None
+    ) -> LoopCheck:
+        """The call's check, to run with the caller's other steps (``concluded`` decides).
+        ``op``: its operation, when the caller has it (``check_op``; the middleware keeps
+        those of bodiless calls)."""
         started = perf_counter() if WATCHERS.decisions else 0.0
-        return LoopCheck(call, self.check_op(identity, call, local), started)
+        if op is None:
+            op = self.check_op(identity, call, local)
+        return LoopCheck(call, op, started)
 
     def concluded(
         self, identity: Identity, check: LoopCheck, verdict: Any, report: bool = True

@@ -415,25 +415,34 @@ def test_a_wrong_policy_type_is_refused() -> None:
         TokenFuseWSGI(lambda environ, start: [], failure_loops=3)  # type: ignore[arg-type]
 
 
-def test_a_bodiless_call_s_name_is_made_once_per_route_and_the_names_are_bounded() -> None:
-    """The name (fingerprint, shown path) of a call without a body is kept per route and
-    query, for at most ``NAMES_KEPT`` routes; a call with a body is named anew each time."""
+def test_a_bodiless_call_s_check_is_made_once_per_caller_and_route_and_bounded() -> None:
+    """The name (fingerprint, shown path) and the operation of a call without a body are kept
+    per caller, route and query, for at most ``NAMES_KEPT`` of them; they are the ones made
+    anew (``name``, ``LoopBreaker.check_op``). A call with a body is named anew each time."""
     from tokenfuse._middleware.loops import NAMES_KEPT, InboundLoops
     from tokenfuse._middleware.request import AsgiRequest
 
     loops = InboundLoops(Fuse(MemoryStore(), secret=SECRET), FailureLoopPolicy())
+    alice, bob = Identity.of("alice"), Identity.of("bob")
 
-    def request(path: str) -> AsgiRequest:
-        return AsgiRequest({"method": "POST", "path": path})
+    def prepare(path: str, query: bytes, who: Identity = alice, body: bytes | None = None) -> Any:
+        return loops.prepare(who, AsgiRequest({"method": "POST", "path": path}), query, body)
 
-    first = loops.name(request("/tools/a"), b"x=1&y=2", None)
-    assert loops.name(request("/tools/a"), b"x=1&y=2", None) is first
-    assert loops.name(request("/tools/a"), b"y=2&x=1", None) == first  # the same arguments
-    assert loops.name(request("/tools/a"), b"x=2", None).fingerprint != first.fingerprint
-    with_body = loops.name(request("/tools/a"), b"x=1&y=2", b"{}")
-    assert with_body is not loops.name(request("/tools/a"), b"x=1&y=2", b"{}")
-    assert with_body.fingerprint != first.fingerprint
+    first = prepare("/tools/a", b"x=1&y=2")
+    again = prepare("/tools/a", b"x=1&y=2")
+    assert (again.call, again.op) == (first.call, first.op) and again is not first
+    assert again.call is first.call and again.op is first.op  # kept, not made again
+    request = AsgiRequest({"method": "POST", "path": "/tools/a"})
+    made = loops.breaker.check_op(alice, loops.name(request, b"x=1&y=2", None), local=True)
+    assert (first.call, first.op) == (loops.name(request, b"x=1&y=2", None), made)
+    assert prepare("/tools/a", b"y=2&x=1").op == first.op  # the same arguments
+    assert prepare("/tools/a", b"x=2").call.fingerprint != first.call.fingerprint
+    by_bob = prepare("/tools/a", b"x=1&y=2", bob)
+    assert by_bob.call == first.call and by_bob.op.key != first.op.key
+    with_body = prepare("/tools/a", b"x=1&y=2", body=b"{}")
+    assert with_body.call is not prepare("/tools/a", b"x=1&y=2", body=b"{}").call
+    assert with_body.call.fingerprint != first.call.fingerprint
     for at in range(NAMES_KEPT + 10):
-        loops.name(request(f"/items/{at}"), b"", None)
+        prepare(f"/items/{at}", b"")
     assert loops._bodiless.cache_info().currsize == NAMES_KEPT
-    assert loops.name(request("/tools/a"), b"x=1&y=2", None) == first  # made again, the same
+    assert prepare("/tools/a", b"x=1&y=2").op == first.op  # made again, the same

@@ -59,6 +59,7 @@ from .._errors import StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
 from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, plain
+from .._stores.ops import CheckLoops
 from .mcp.body import Receive, read_body
 from .request import RequestView
 
@@ -68,8 +69,8 @@ logger = logging.getLogger("tokenfuse.middleware")
 
 #: How much of a request body is read to fingerprint it.
 BODY_LIMIT = 1 << 20
-#: Bodiless calls (route and query) whose names each breaker keeps: a client polls a few
-#: endpoints, but a path or a query may carry an id, so the names are bounded.
+#: Bodiless calls (caller, route and query) whose checks each breaker keeps: a client polls a
+#: few endpoints, but there are many callers, and a path or a query may carry an id.
 NAMES_KEPT = 256
 
 
@@ -124,15 +125,27 @@ class InboundLoops:
         # Repeats are not reported inbound, so unless they are refused no send needs counting:
         # the check asks only "is this call tripped?", which a store's view may answer.
         self.local = policy.on_repeat == "event"
-        # A bodiless call's name (its fingerprint, an HMAC, and its printable path) depends on
-        # its route and query alone: made once per route, not on every request.
-        self._bodiless = functools.lru_cache(maxsize=NAMES_KEPT)(self._name)
+        # A bodiless call's name (its fingerprint, an HMAC, and its printable path) and its
+        # check's operation depend on the caller, route and query alone: made once for them,
+        # not on every request (bounded).
+        self._bodiless = functools.lru_cache(maxsize=NAMES_KEPT)(self._bodiless_check)
 
     def prepare(
         self, identity: Identity, request: RequestView, query: Any, body: bytes | None
     ) -> LoopCheck:
         """The request's check, to send with its admission (``Fuse.admit_with``)."""
-        return self.breaker.prepare(identity, self.name(request, query, body), self.local)
+        breaker = self.breaker
+        if body is None and isinstance(query, (bytes, str)):  # hashable: a cache key
+            key = breaker.fuse._key(identity)
+            call, op = self._bodiless(key, request.method, request.path, query)
+            return breaker.prepare(identity, call, self.local, op)
+        return breaker.prepare(identity, self.name(request, query, body), self.local)
+
+    def _bodiless_check(
+        self, key: str, method: str, path: str, query: bytes | str
+    ) -> tuple[CallName, CheckLoops]:
+        call = self._name(method, path, query, None)
+        return call, CheckLoops(key, call.fingerprint, self.breaker.core, self.local)
 
     def concluded(
         self, identity: Identity, check: LoopCheck, verdict: LoopVerdict | None
@@ -152,8 +165,6 @@ class InboundLoops:
     def name(self, request: RequestView, query: Any, body: bytes | None) -> CallName:
         """The call: route, query and body in its fingerprint; the route alone in messages
         (a query may carry a credential)."""
-        if body is None and isinstance(query, (bytes, str)):  # hashable: a cache key
-            return self._bodiless(request.method, request.path, query, None)
         return self._name(request.method, request.path, query, body)
 
     def _name(self, method: str, path: str, query: Any, body: bytes | None) -> CallName:
