@@ -9,12 +9,12 @@ store round trip). Both limiters guard every route for the caller named by its b
 with a limit no request reaches (we time the decision, not the refusal), both add their rate
 limit headers, and each uses memory or Redis storage:
 
-* TokenFuse: ``inbound_fuse(store)`` with a bucket of 10^9 (on Redis, one pipeline per request:
-  the ``Admit`` script and the failure-loop breaker's ``CheckLoops``; one script with
-  ``failure_loops=None``); and on Redis in lease mode (``lease=True``: calls admitted from a
-  slice of the bucket this process leases, one script call per lease of up to 100 calls; the
-  breaker's check answered by the store's open-key view, and lease mode timed without the
-  breaker too).
+* TokenFuse: ``inbound_fuse(store)`` with a bucket of 10^9 (on Redis, one script call per
+  request: the ``Admit`` script, the failure-loop breaker's ``CheckLoops`` answered by the
+  store's open-key view once it is synced, and sent in one pipeline with ``Admit`` before);
+  and on Redis in lease mode (``lease=True``: calls admitted from a slice of the bucket this
+  process leases, one script call per lease of up to 100 calls; the breaker's check answered
+  by the store's open-key view, and lease mode timed without the breaker too).
 * slowapi: ``SlowAPIASGIMiddleware`` with ``default_limits=["1000000000/minute"]`` and
   ``headers_enabled=True``, on the ``limits`` memory or Redis storage (fixed window, slowapi's
   default strategy).

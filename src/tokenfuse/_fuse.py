@@ -162,6 +162,9 @@ class Fuse:
         # Protocol isinstance checks are slow; decide once which faces the store has.
         self._sync_store = sync_face(self.store)
         self._async_store = async_face(self.store)
+        #: What the store answers of an operation without a round trip (``RedisStore.known``:
+        #: its open-key view), or None: a store that answers nothing so.
+        self._known: Callable[[Op[Any]], Any] | None = getattr(self.store, "known", None)
         log = getattr(self.store, "events", None)
         if isinstance(log, EventLog):  # every process sharing the store sees these events
             self.hooks.add(log.recorder(name))
@@ -619,6 +622,10 @@ class Fuse:
         ``_decide`` runs it (a gate the open-key view answers costs no round trip)."""
         if not ops:
             return self._decide(identity, op, decide), None
+        found = self._known_alone(ops)
+        if found is not None:
+            decision = self._decide(identity, op, decide)
+            return decision, None if decision.degraded else found
         store = self._sync()
         started = perf_counter() if WATCHERS.decisions else 0.0
         outcome: T | Exception | None = None
@@ -642,6 +649,10 @@ class Fuse:
     ) -> tuple[Decision, list[Any] | None]:
         if not ops:
             return await self._adecide(identity, op, decide), None
+        found = self._known_alone(ops)
+        if found is not None:
+            decision = await self._adecide(identity, op, decide)
+            return decision, None if decision.degraded else found
         store = self._async()
         started = perf_counter() if WATCHERS.decisions else 0.0
         outcome: T | Exception | None = None
@@ -658,6 +669,18 @@ class Fuse:
             except Exception as exc:
                 outcome = exc
         return self._conclude(identity, op, decide, outcome, started), rest
+
+    def _known_alone(self, ops: Sequence[Op[Any]]) -> list[Any] | None:
+        """The results of ``ops`` when they are one operation the store answers without a
+        round trip (the middleware's loop check, answered by the open-key view), else None.
+        Then ``op`` goes alone, as ``_decide`` sends it: one plain script call, with none of
+        a pipeline's work. Its results are the pipeline's: None when ``op``'s store call
+        failed or was skipped (the view's answer is dropped, as a failed pipeline's)."""
+        known = self._known
+        if known is None or len(ops) != 1:
+            return None
+        found = known(ops[0])
+        return None if found is None else [found]
 
     def _conclude(
         self,

@@ -163,6 +163,11 @@ def _shown_path(path: str) -> str:
     return shown or "/"
 
 
+def plain(verdict: LoopVerdict) -> bool:
+    """Whether a verdict has nothing to refuse nor to report (most calls)."""
+    return verdict.allowed and not verdict.tripped and not verdict.repeated
+
+
 class _Judge:
     """Turns one verdict into a decision (and events), keeping the verdict for the caller."""
 
@@ -182,7 +187,7 @@ class _Judge:
         breaker = self.breaker
         key_id = breaker.fuse._id(identity)
         limit = float(breaker.limit_of(verdict.reason))
-        if verdict.allowed and not verdict.tripped and not verdict.repeated:
+        if plain(verdict):
             # Nothing to refuse nor to report (most calls): no refusal made, no event.
             return Decision(
                 key=identity.label, key_id=key_id, allowed=True, rate=verdict.count, limit=limit
@@ -386,10 +391,16 @@ class LoopBreaker:
         decision = await self.fuse._adecide(identity, check, judge)
         return decision, judge.verdict
 
-    def prepare(self, identity: Identity, call: CallName, local: bool = False) -> LoopCheck:
-        """The call's check, to run with the caller's other steps (``concluded`` decides)."""
+    def prepare(
+        self, identity: Identity, call: CallName, local: bool = False, op: CheckLoops | None = None
+    ) -> LoopCheck:
+        """The call's check, to run with the caller's other steps (``concluded`` decides).
+        ``op``: its operation, when the caller has it (``check_op``; the middleware keeps
+        those of bodiless calls)."""
         started = perf_counter() if WATCHERS.decisions else 0.0
-        return LoopCheck(call, self.check_op(identity, call, local), started)
+        if op is None:
+            op = self.check_op(identity, call, local)
+        return LoopCheck(call, op, started)
 
     def concluded(
         self, identity: Identity, check: LoopCheck, verdict: Any, report: bool = True
@@ -398,6 +409,18 @@ class LoopBreaker:
         as ``check``'s."""
         judge = _Judge(self, check.call, None, report)
         return self.fuse._conclude(identity, check.op, judge, verdict, check.started)
+
+    def passed(self, identity: Identity, check: LoopCheck, verdict: LoopVerdict) -> None:
+        """``concluded`` for a verdict with nothing to refuse nor to report (``plain``), for a
+        caller that needs no decision (the middleware): one is made only when decisions are
+        observed, as ``concluded`` reports it. The store's health is left alone: the step the
+        check rode with (the admission) has just recorded that the store answered."""
+        watchers = WATCHERS.decisions
+        if watchers and check.started:
+            limit = float(self.limit_of(verdict.reason))
+            decision = Decision(key=identity.label, key_id=self.fuse._id(identity),
+                                allowed=True, rate=verdict.count, limit=limit)  # fmt: skip
+            decided(watchers, self.fuse, check.op, decision, perf_counter() - check.started)
 
     def note(
         self, identity: Identity, call: CallName, failed: bool, status: int = 0, error: str = ""

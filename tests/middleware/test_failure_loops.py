@@ -184,6 +184,17 @@ class Counted:
         return trips
 
 
+def before_app(fuse: Fuse) -> str:
+    """What goes to the store before the app: the admission and the loop check in one
+    pipeline; on Redis, once its open-key view is synced, the admission alone, as the view
+    answers the check (``RedisStore.known``). The view is waited for: the test is exact."""
+    view = getattr(fuse.store, "open_keys", None)
+    if view is None:
+        return "admit+check_loops"
+    assert view.wait_synced(5)
+    return "admit"
+
+
 def counted(fuse: Fuse, **options: Any) -> tuple[Fuse, Counted]:
     store = Counted(fuse.store)
     options = {"bucket": FREE, **options}
@@ -194,10 +205,11 @@ def test_one_round_trip_before_the_app_and_one_after_only_for_a_failure(
     serve: Callable[..., tuple[Call, Served]], fuse: Fuse
 ) -> None:
     """The admission and the failure-loop check go in one pipeline: one round trip before
-    the app (on Redis too), one after it for an error, none after a plain success."""
+    the app (on Redis, the admission alone: the open-key view answers the check), one after
+    it for an error, none after a plain success."""
     guarded, store = counted(fuse)
     call, store.served = serve(fuse=guarded)
-    check = "admit+check_loops"
+    check = before_app(fuse)
 
     assert call(GOOD)[0] == 200
     assert store.taken() == [(check, 0)]  # before the app; nothing to note after a success
@@ -293,9 +305,10 @@ def test_a_success_ends_the_failures_of_its_call(
     guarded, store = counted(fuse)
     call, store.served = serve(fuse=guarded)
     served = store.served
+    check = before_app(fuse)
 
     assert call(GOOD)[0] == 200
-    assert store.taken() == [("admit+check_loops", 0)]  # no failures to end: no note
+    assert store.taken() == [(check, 0)]  # no failures to end: no note
     served.down = True
     assert [call(GOOD)[0] for _ in range(2)] == [503, 503]
     served.down = False
@@ -400,3 +413,36 @@ def test_a_store_failure_fails_open_and_is_reported(
 def test_a_wrong_policy_type_is_refused() -> None:
     with pytest.raises(ValueError, match="FailureLoopPolicy"):
         TokenFuseWSGI(lambda environ, start: [], failure_loops=3)  # type: ignore[arg-type]
+
+
+def test_a_bodiless_call_s_check_is_made_once_per_caller_and_route_and_bounded() -> None:
+    """The name (fingerprint, shown path) and the operation of a call without a body are kept
+    per caller, route and query, for at most ``NAMES_KEPT`` of them; they are the ones made
+    anew (``name``, ``LoopBreaker.check_op``). A call with a body is named anew each time."""
+    from tokenfuse._middleware.loops import NAMES_KEPT, InboundLoops
+    from tokenfuse._middleware.request import AsgiRequest
+
+    loops = InboundLoops(Fuse(MemoryStore(), secret=SECRET), FailureLoopPolicy())
+    alice, bob = Identity.of("alice"), Identity.of("bob")
+
+    def prepare(path: str, query: bytes, who: Identity = alice, body: bytes | None = None) -> Any:
+        return loops.prepare(who, AsgiRequest({"method": "POST", "path": path}), query, body)
+
+    first = prepare("/tools/a", b"x=1&y=2")
+    again = prepare("/tools/a", b"x=1&y=2")
+    assert (again.call, again.op) == (first.call, first.op) and again is not first
+    assert again.call is first.call and again.op is first.op  # kept, not made again
+    request = AsgiRequest({"method": "POST", "path": "/tools/a"})
+    made = loops.breaker.check_op(alice, loops.name(request, b"x=1&y=2", None), local=True)
+    assert (first.call, first.op) == (loops.name(request, b"x=1&y=2", None), made)
+    assert prepare("/tools/a", b"y=2&x=1").op == first.op  # the same arguments
+    assert prepare("/tools/a", b"x=2").call.fingerprint != first.call.fingerprint
+    by_bob = prepare("/tools/a", b"x=1&y=2", bob)
+    assert by_bob.call == first.call and by_bob.op.key != first.op.key
+    with_body = prepare("/tools/a", b"x=1&y=2", body=b"{}")
+    assert with_body.call is not prepare("/tools/a", b"x=1&y=2", body=b"{}").call
+    assert with_body.call.fingerprint != first.call.fingerprint
+    for at in range(NAMES_KEPT + 10):
+        prepare(f"/items/{at}", b"")
+    assert loops._bodiless.cache_info().currsize == NAMES_KEPT
+    assert prepare("/tools/a", b"x=1&y=2").op == first.op  # made again, the same

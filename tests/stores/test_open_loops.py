@@ -17,6 +17,7 @@ import redis
 
 from tests.conftest import Clock
 from tests.stores.conftest import HeldAnnouncements
+from tokenfuse import Identity
 from tokenfuse._core.loops import LoopPolicy
 from tokenfuse._stores.open_keys import OpenKeys
 from tokenfuse._stores.ops import CheckLoops, ForgetLoops, NoteLoop, NoteLoopBatch
@@ -112,6 +113,35 @@ def test_an_allowed_call_is_answered_locally_and_counts_no_send(
     # A check without ``local`` is a round trip, as before: the send is counted.
     assert b.run(CheckLoops(KEY, CALL, POLICY)).count == 2.0
     assert view.counts.loop_local == 5
+
+
+def test_an_admission_s_check_is_answered_or_counted_once(
+    redis_url: str, redis_prefix: str, clock: Clock, client: redis.Redis
+) -> None:
+    """``Fuse.admit_with`` asks the view first (``RedisStore.known``) and, when it has no
+    answer, sends the check in the pipeline, which asks again: the miss is counted once.
+    Answered, the admission goes alone and the loop string is not touched."""
+    from tokenfuse import Fuse
+
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    fuse = Fuse(store, name="inbound")
+    check = CheckLoops(fuse._key(Identity.of("agent")), CALL, POLICY, local=True)
+    try:
+        view = view_of(store)
+        assert not view.trusted  # nothing asked it yet: its thread is not running
+        decision, found = fuse.admit_with("agent", [check])
+        assert decision.allowed and found is not None and found[0].allowed
+        assert (view.counts.loop_round_trips, view.counts.loop_local) == (1, 0)
+        assert view.wait_synced(WAIT)
+        loops = loops_key_of(redis_prefix, check.key)
+        before = client.get(loops)
+        clock.advance(1)  # a script touching the string would write a new last_seen
+        decision, found = fuse.admit_with("agent", [check])
+        assert decision.allowed and found is not None and found[0].allowed
+        assert (view.counts.loop_round_trips, view.counts.loop_local) == (1, 1)
+        assert client.get(loops) == before
+    finally:
+        store.close()
 
 
 def test_forget_loops_in_one_process_lets_the_call_through_in_another(

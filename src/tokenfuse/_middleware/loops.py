@@ -26,7 +26,8 @@ fingerprinted by its first ``BODY_LIMIT`` bytes.
 (``on_repeat="refuse"``) no send needs counting, and the check asks only "is this call
 tripped?" (``CheckLoops.local``). A store that keeps a view of the tripped calls
 (``RedisStore``'s open-key view, once synced: ``_stores/open_keys.py``) answers that without
-a round trip, so the direct mode sends the admission (``Admit``) alone before the app, and
+a round trip, so the direct mode sends the admission (``Admit``) alone before the app, as a
+plain script call (``Fuse.admit_with`` asks the store first: ``RedisStore.known``), and
 lease mode (``lease=True``) sends nothing; while the view is not trusted, the check goes in
 one pipeline with the admission (``Fuse.admit_with``; in lease mode, a round trip of its
 own). After the app, a note goes to the store only for an error, or for a success that ends
@@ -46,6 +47,7 @@ made by it: only failures noted after the app trip one.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 from collections.abc import Callable, Iterable
@@ -56,7 +58,8 @@ from .._core.loops import LoopVerdict
 from .._errors import StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
-from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, plain
+from .._stores.ops import CheckLoops
 from .mcp.body import Receive, read_body
 from .request import RequestView
 
@@ -66,6 +69,9 @@ logger = logging.getLogger("tokenfuse.middleware")
 
 #: How much of a request body is read to fingerprint it.
 BODY_LIMIT = 1 << 20
+#: Bodiless calls (caller, route and query) whose checks each breaker keeps: a client polls a
+#: few endpoints, but there are many callers, and a path or a query may carry an id.
+NAMES_KEPT = 256
 
 
 def is_failure(status: int) -> bool:
@@ -119,29 +125,50 @@ class InboundLoops:
         # Repeats are not reported inbound, so unless they are refused no send needs counting:
         # the check asks only "is this call tripped?", which a store's view may answer.
         self.local = policy.on_repeat == "event"
+        # A bodiless call's name (its fingerprint, an HMAC, and its printable path) and its
+        # check's operation depend on the caller, route and query alone: made once for them,
+        # not on every request (bounded).
+        self._bodiless = functools.lru_cache(maxsize=NAMES_KEPT)(self._bodiless_check)
 
     def prepare(
         self, identity: Identity, request: RequestView, query: Any, body: bytes | None
     ) -> LoopCheck:
         """The request's check, to send with its admission (``Fuse.admit_with``)."""
-        return self.breaker.prepare(identity, self.name(request, query, body), self.local)
+        breaker = self.breaker
+        if body is None and isinstance(query, (bytes, str)):  # hashable: a cache key
+            key = breaker.fuse._key(identity)
+            call, op = self._bodiless(key, request.method, request.path, query)
+            return breaker.prepare(identity, call, self.local, op)
+        return breaker.prepare(identity, self.name(request, query, body), self.local)
+
+    def _bodiless_check(
+        self, key: str, method: str, path: str, query: bytes | str
+    ) -> tuple[CallName, CheckLoops]:
+        call = self._name(method, path, query, None)
+        return call, CheckLoops(key, call.fingerprint, self.breaker.core, self.local)
 
     def concluded(
         self, identity: Identity, check: LoopCheck, verdict: LoopVerdict | None
     ) -> tuple[Decision | None, LoopCall]:
         """The decision on the check's verdict from the shared pipeline (None when the store
         failed or was skipped: the admission's decision counted that, and the call goes
-        unchecked), and the watch of the call."""
+        unchecked; None too for a verdict with nothing to refuse, which is only counted),
+        and the watch of the call."""
         if verdict is None:
             return None, LoopCall(identity, check.call, None)
+        if plain(verdict):  # most calls: no decision to act on (the metrics still count it)
+            self.breaker.passed(identity, check, verdict)
+            return None, LoopCall(identity, check.call, verdict)
         decision = self.breaker.concluded(identity, check, verdict, report=False)
         return decision, LoopCall(identity, check.call, verdict)
 
     def name(self, request: RequestView, query: Any, body: bytes | None) -> CallName:
         """The call: route, query and body in its fingerprint; the route alone in messages
         (a query may carry a credential)."""
-        path = request.path + _query(query)
-        return self.breaker.name(request.method, "", path, body, shown=request.path)
+        return self._name(request.method, request.path, query, body)
+
+    def _name(self, method: str, path: str, query: Any, body: bytes | None) -> CallName:
+        return self.breaker.name(method, "", path + _query(query), body, shown=path)
 
     def check(self, identity: Identity, check: LoopCheck) -> tuple[Decision, LoopCall]:
         """The check on its own (lease mode): a round trip, or the store's local answer."""

@@ -7,6 +7,13 @@ the ``Fuse``'s job, so every store fails the same way.
 
 A store that implements both faces but can serve only one (``RedisStore`` over an asyncio
 client) says so with ``has_sync`` / ``has_async``; ``Fuse`` reads them once.
+
+A store may also answer some operations without a round trip: ``known(op)`` returns the
+result, or None (``RedisStore``: a local loop check, from its open-key view). ``Fuse`` reads
+it once too, and asks it for an operation that would ride in a pipeline alone with another
+(``admit_with``, ``gate_with``), which then goes as a plain call. ``known`` counts nothing
+when it answers None: the operation is then sent, and the store's ``run_many`` answers (and
+counts) it as it always does.
 """
 
 from __future__ import annotations

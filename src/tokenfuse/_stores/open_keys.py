@@ -294,20 +294,29 @@ class OpenKeys:
         """A ``CheckLoops`` for the call ``fingerprint`` of the loop string ``key`` from the
         view: its refusal while tripped, else allowed (no send counted; ``failures``: those
         this process saw), or None: ask the store (the view is not trusted, or full)."""
+        verdict = self.known_loop(key, fingerprint)
+        if verdict is None:
+            self.counts.loop_round_trips += 1
+        return verdict
+
+    def known_loop(self, key: str, fingerprint: str) -> LoopVerdict | None:
+        """``answer_loop``, counting no round trip when it has no answer: for a caller that
+        then sends the check through ``answer_loop`` (``RedisStore.known``), which counts it."""
         if not self.trusted or (self._loops_full and not self._room_again()):
             self.start()
-            self.counts.loop_round_trips += 1
             return None
         call = (key, fingerprint)
-        now = self._now()
         self.counts.loop_local += 1
         entry = self._loops.get(call)
+        seen = self._failing.get(call)
+        if entry is None and seen is None:
+            return LoopVerdict()  # most calls: never tripped, no failure seen (no clock read)
+        now = self._now()
         if entry is not None:
             until, refusal = entry
             if until > now:
                 return replace(refusal, retry_after=until - now)
             self._loops.pop(call, None)
-        seen = self._failing.get(call)
         if seen is not None and seen[0] <= now:
             self._failing.pop(call, None)
             seen = None

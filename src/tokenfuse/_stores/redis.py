@@ -53,7 +53,7 @@ from .redis_clients import (
     retried_alone,
     unavailable,
 )
-from .redis_codec import CODECS, Args
+from .redis_codec import CODECS, Args, loops_key_of
 from .redis_events import RedisEventLog
 
 __all__ = ["RedisStore"]
@@ -286,6 +286,17 @@ class RedisStore:
 
     def _results(self, ops: Sequence[Op[Any]], keys: list[str], replies: list[Any]) -> list[Any]:
         return [self._result(*each) for each in zip(ops, keys, replies, strict=True)]
+
+    def known(self, op: Op[R]) -> R | None:
+        """``op``'s result when the open-key view answers it without a round trip (a loop check
+        whose caller allows it: ``CheckLoops.local``), else None: send it. A miss is not
+        counted here: the caller sends the operation (``arun_many``), which counts it once.
+        ``Fuse.admit_with`` asks first, so that an admission whose check is answered here is
+        sent as one plain script call, as it is without the check."""
+        view = self.open_keys
+        if view is None or not isinstance(op, CheckLoops) or not op.local:
+            return None
+        return cast(R, view.known_loop(loops_key_of(self.prefix, op.key), op.fingerprint))
 
     def _known(self, op: Op[R]) -> tuple[str, R | None]:
         """The operation's Redis key, and its result if the open-key view knows it (a gate, or

@@ -138,6 +138,9 @@ def key_of(prefix: str, key: str) -> str:
     return f"{prefix}:{{{key}}}"
 
 
+# Bounded, as a few callers call again and again: made once per key, not per loop check (the
+# middleware's, answered by the open-key view, has no other work to hide it).
+@functools.lru_cache(maxsize=1024)
 def loops_key_of(prefix: str, key: str) -> str:
     """The identity's failure-loop string, ``<prefix>:loops:{<key>}``: apart from its state
     (no listing or state script ever reads it), in the same slot (the same hash tag)."""
