@@ -556,6 +556,85 @@ def test_the_meters_stream_feeds_one_watch_and_ends_it_after_settling() -> None:
     assert seen == watched == [b"ab"] and steps == ["settled True", "noted"]
 
 
+def _watched_stream(kind: Any, inner: Any, steps: list[str]) -> Any:
+    """A metered stream of ``kind`` over ``inner`` with a watch attached: each step (the
+    settle, the watch's end) written down in ``steps``."""
+    from types import SimpleNamespace
+
+    class Meter:
+        def __init__(self) -> None:
+            self.report = SimpleNamespace(done=False)
+
+        def stream_reader(self) -> Any:
+            return lambda chunk: None
+
+    meter = Meter()
+
+    def settle(meter: Any, complete: bool) -> None:
+        meter.report.done = True
+        steps.append(f"settled {complete}")
+
+    async def asettle(meter: Any, complete: bool) -> None:
+        settle(meter, complete)
+
+    async def anoted() -> None:
+        steps.append("noted")
+
+    is_async = kind.__name__.startswith("Async")
+    stream = kind(inner, meter, asettle if is_async else settle)
+    assert stream.attach(lambda chunk: None, anoted if is_async else lambda: steps.append("noted"))
+    return stream
+
+
+def test_the_meters_stream_ends_its_watch_once() -> None:
+    """httpx closes every stream it read to the end: the watch is ended at the end, and the
+    close that follows ends it no more (its note was taken once; a second end costs a call
+    that has nothing to say). A stream closed before its end is ended by the close."""
+    from tokenfuse._transport.stream import MeteredStream
+
+    class Inner:  # a library's stream: chunks, and a close
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        def __iter__(self) -> Any:
+            return iter(self.chunks)
+
+        def close(self) -> None:
+            pass
+
+    steps: list[str] = []
+    read = _watched_stream(MeteredStream, Inner([b"a", b"b"]), steps)
+    assert list(read) == [b"a", b"b"]
+    read.close()
+    assert steps == ["settled True", "noted"]
+
+    steps.clear()
+    unread = _watched_stream(MeteredStream, Inner([b"a"]), steps)
+    unread.close()
+    unread.close()
+    assert steps == ["settled False", "noted"]
+
+
+async def test_the_async_meters_stream_ends_its_watch_once() -> None:
+    from tokenfuse._transport.stream import AsyncMeteredStream
+
+    async def chunks() -> Any:
+        for chunk in (b"a", b"b"):
+            yield chunk
+
+    steps: list[str] = []
+    read = _watched_stream(AsyncMeteredStream, chunks(), steps)
+    assert [chunk async for chunk in read] == [b"a", b"b"]
+    await read.aclose()
+    assert steps == ["settled True", "noted"]
+
+    steps.clear()
+    unread = _watched_stream(AsyncMeteredStream, chunks(), steps)
+    await unread.aclose()
+    await unread.aclose()
+    assert steps == ["settled False", "noted"]
+
+
 def test_an_error_mark_across_the_border_of_two_batches_is_found() -> None:
     """Chunks are searched a batch (``_BATCH`` bytes) at a time: a mark that ends in one batch
     and began in the previous one is found, wherever the border falls in it."""
