@@ -893,3 +893,51 @@ async def test_async_an_error_in_a_long_stream_is_seen_by_the_reader_and_the_wat
     aclose = getattr(fuse.store, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+@pytest.mark.parametrize("lib", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_the_endpoint_read_once_names_calls_as_each_step_would(lib: Any) -> None:
+    """The transport reads a request's host and path once (``endpoint_of``) for the loop
+    check and the meter: the call's fingerprint and its usage reader are the ones each step
+    finds when it reads the URL itself."""
+    from tokenfuse._fuse import Decision
+    from tokenfuse._transport.compat import endpoint_of
+    from tokenfuse._transport.loop_step import LoopStep
+    from tokenfuse._transport.meter import Metering
+    from tokenfuse._transport.refusal import Gatekeeper
+    from tokenfuse._transport.usage_option import Sending
+
+    fuse = Fuse(MemoryStore())
+    step = LoopStep(fuse, FailureLoopPolicy(), Gatekeeper(False))
+    metering = Metering(fuse, None, True)
+    who = Identity.named("a")
+    gate = Decision(key="a", allowed=True)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    usage = b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}'
+    for url, provider in (
+        ("https://api.openai.com/v1/chat/completions?api-version=1", "openai"),
+        ("https://API.Anthropic.com/v1/messages", "anthropic"),
+        ("http://127.0.0.1:8000/v1/chat/completions", "openai-compatible"),
+        ("http://localhost:11434", "generic"),
+        ("https://münchen.example/v1/models/a%20b:generateContent?alt=sse", "gemini"),
+    ):
+        request = lib.Request("POST", url, content=body.encode())
+        where = endpoint_of(request.url)
+        assert where is not None
+        once, itself = step.prepare(who, request, where), step.prepare(who, request)
+        assert once is not None and itself is not None
+        assert (once.call.fingerprint, once.call.path) == (
+            itself.call.fingerprint,
+            itself.call.path,
+        )
+        usages = []
+        for at in (where, None):
+            response = lib.Response(
+                200, headers={"content-type": "application/json"}, content=usage
+            )
+            meter = metering.start(Sending(request, request), response, who, gate, at)
+            meter.finish(complete=True)
+            usages.append(meter.report.usage)
+        assert usages[0] == usages[1] and usages[0] is not None, url
+        assert usages[0].provider == provider, url  # the reader of the host and path
+        assert where[1] == request.url.raw_path.decode("ascii").partition("?")[0]
