@@ -699,7 +699,11 @@ class Fuse:
                 store_failed(watchers, self, op, outcome)
             decision = self._degraded(identity, outcome)
         else:
-            self._healthy()
+            # ``_healthy`` inlined: this runs for every decision, and a store that answers
+            # (nearly always) has nothing to announce.
+            recovered = self.health.succeeded()
+            if recovered is not None:
+                self.hooks.emit(recovered, logging.INFO)
             decision = decide(identity, outcome)
         if watchers and started:
             decided(watchers, self, op, decision, perf_counter() - started)

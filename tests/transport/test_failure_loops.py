@@ -556,6 +556,85 @@ def test_the_meters_stream_feeds_one_watch_and_ends_it_after_settling() -> None:
     assert seen == watched == [b"ab"] and steps == ["settled True", "noted"]
 
 
+def _watched_stream(kind: Any, inner: Any, steps: list[str]) -> Any:
+    """A metered stream of ``kind`` over ``inner`` with a watch attached: each step (the
+    settle, the watch's end) written down in ``steps``."""
+    from types import SimpleNamespace
+
+    class Meter:
+        def __init__(self) -> None:
+            self.report = SimpleNamespace(done=False)
+
+        def stream_reader(self) -> Any:
+            return lambda chunk: None
+
+    meter = Meter()
+
+    def settle(meter: Any, complete: bool) -> None:
+        meter.report.done = True
+        steps.append(f"settled {complete}")
+
+    async def asettle(meter: Any, complete: bool) -> None:
+        settle(meter, complete)
+
+    async def anoted() -> None:
+        steps.append("noted")
+
+    is_async = kind.__name__.startswith("Async")
+    stream = kind(inner, meter, asettle if is_async else settle)
+    assert stream.attach(lambda chunk: None, anoted if is_async else lambda: steps.append("noted"))
+    return stream
+
+
+def test_the_meters_stream_ends_its_watch_once() -> None:
+    """httpx closes every stream it read to the end: the watch is ended at the end, and the
+    close that follows ends it no more (its note was taken once; a second end costs a call
+    that has nothing to say). A stream closed before its end is ended by the close."""
+    from tokenfuse._transport.stream import MeteredStream
+
+    class Inner:  # a library's stream: chunks, and a close
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        def __iter__(self) -> Any:
+            return iter(self.chunks)
+
+        def close(self) -> None:
+            pass
+
+    steps: list[str] = []
+    read = _watched_stream(MeteredStream, Inner([b"a", b"b"]), steps)
+    assert list(read) == [b"a", b"b"]
+    read.close()
+    assert steps == ["settled True", "noted"]
+
+    steps.clear()
+    unread = _watched_stream(MeteredStream, Inner([b"a"]), steps)
+    unread.close()
+    unread.close()
+    assert steps == ["settled False", "noted"]
+
+
+async def test_the_async_meters_stream_ends_its_watch_once() -> None:
+    from tokenfuse._transport.stream import AsyncMeteredStream
+
+    async def chunks() -> Any:
+        for chunk in (b"a", b"b"):
+            yield chunk
+
+    steps: list[str] = []
+    read = _watched_stream(AsyncMeteredStream, chunks(), steps)
+    assert [chunk async for chunk in read] == [b"a", b"b"]
+    await read.aclose()
+    assert steps == ["settled True", "noted"]
+
+    steps.clear()
+    unread = _watched_stream(AsyncMeteredStream, chunks(), steps)
+    await unread.aclose()
+    await unread.aclose()
+    assert steps == ["settled False", "noted"]
+
+
 def test_an_error_mark_across_the_border_of_two_batches_is_found() -> None:
     """Chunks are searched a batch (``_BATCH`` bytes) at a time: a mark that ends in one batch
     and began in the previous one is found, wherever the border falls in it."""
@@ -814,3 +893,51 @@ async def test_async_an_error_in_a_long_stream_is_seen_by_the_reader_and_the_wat
     aclose = getattr(fuse.store, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+@pytest.mark.parametrize("lib", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_the_endpoint_read_once_names_calls_as_each_step_would(lib: Any) -> None:
+    """The transport reads a request's host and path once (``endpoint_of``) for the loop
+    check and the meter: the call's fingerprint and its usage reader are the ones each step
+    finds when it reads the URL itself."""
+    from tokenfuse._fuse import Decision
+    from tokenfuse._transport.compat import endpoint_of
+    from tokenfuse._transport.loop_step import LoopStep
+    from tokenfuse._transport.meter import Metering
+    from tokenfuse._transport.refusal import Gatekeeper
+    from tokenfuse._transport.usage_option import Sending
+
+    fuse = Fuse(MemoryStore())
+    step = LoopStep(fuse, FailureLoopPolicy(), Gatekeeper(False))
+    metering = Metering(fuse, None, True)
+    who = Identity.named("a")
+    gate = Decision(key="a", allowed=True)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    usage = b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}'
+    for url, provider in (
+        ("https://api.openai.com/v1/chat/completions?api-version=1", "openai"),
+        ("https://API.Anthropic.com/v1/messages", "anthropic"),
+        ("http://127.0.0.1:8000/v1/chat/completions", "openai-compatible"),
+        ("http://localhost:11434", "generic"),
+        ("https://münchen.example/v1/models/a%20b:generateContent?alt=sse", "gemini"),
+    ):
+        request = lib.Request("POST", url, content=body.encode())
+        where = endpoint_of(request.url)
+        assert where is not None
+        once, itself = step.prepare(who, request, where), step.prepare(who, request)
+        assert once is not None and itself is not None
+        assert (once.call.fingerprint, once.call.path) == (
+            itself.call.fingerprint,
+            itself.call.path,
+        )
+        usages = []
+        for at in (where, None):
+            response = lib.Response(
+                200, headers={"content-type": "application/json"}, content=usage
+            )
+            meter = metering.start(Sending(request, request), response, who, gate, at)
+            meter.finish(complete=True)
+            usages.append(meter.report.usage)
+        assert usages[0] == usages[1] and usages[0] is not None, url
+        assert usages[0].provider == provider, url  # the reader of the host and path
+        assert where[1] == request.url.raw_path.decode("ascii").partition("?")[0]

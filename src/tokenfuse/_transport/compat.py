@@ -8,7 +8,7 @@ Neither library is imported here until a request of it arrives: tokenfuse import
 either installed, and with only one.
 
 Both keep a message's headers the same way too, which the transport reads on every call
-(``header_entries``).
+(``header_entries``), and a URL's host and path as ASCII bytes (``endpoint_of``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["Flavor", "flavor_of", "header_entries"]
+__all__ = ["Endpoint", "Flavor", "endpoint_of", "flavor_of", "header_entries"]
 
 _LIBRARIES = ("httpx", "httpx2")
 
@@ -102,3 +102,21 @@ def header_entries(headers: Any) -> Sequence[HeaderEntry]:
     if type(entries) is list:
         return entries
     return [(name, name.lower(), value) for name, value in headers.raw]
+
+
+#: A request's host (lower-cased) and its path as sent (still %-encoded, without the query;
+#: "/" when empty): what the usage side and the failure-loop breaker both name a call by.
+Endpoint = tuple[str, str]
+
+
+def endpoint_of(url: Any) -> Endpoint | None:
+    """The ``Endpoint`` of an httpx/httpx2 URL, read once per call for every step that needs
+    it (each would otherwise ask the URL for its bytes and decode them again), or None when
+    its host or path is not ASCII (neither library makes such a URL; the steps then read
+    the URL their own way, as they always have)."""
+    try:
+        host = url.raw_host.decode("ascii").lower()  # as `urlsplit(...).hostname`
+        path = url.raw_path.decode("ascii").partition("?")[0]
+    except Exception:
+        return None
+    return host, path

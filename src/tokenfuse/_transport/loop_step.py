@@ -45,7 +45,7 @@ from .._fuse import Fuse
 from .._identity import Identity
 from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, LoopNote
 from .._usage.scan import ERROR, ErrorFind
-from .compat import Flavor, header_entries
+from .compat import Endpoint, Flavor, header_entries
 from .recorder import Recorder
 from .refusal import Gatekeeper
 from .stream import AsyncMeteredStream, MeteredStream, _of_library
@@ -304,17 +304,23 @@ class LoopStep:
 
     # -- before sending ---------------------------------------------------------------------
 
-    def _name(self, breaker: LoopBreaker, request: Any) -> tuple[CallName, bytes, Any] | None:
-        """The call's name, its body and the body parsed (None: a JSON value, else None)."""
+    def _name(
+        self, breaker: LoopBreaker, request: Any, where: Endpoint | None
+    ) -> tuple[CallName, bytes, Any] | None:
+        """The call's name, its body and the body parsed (None: a JSON value, else None).
+        ``where``: the request's endpoint, as the transport read it (None: read here)."""
         body = sent_body(request)
         if not body:
             return None
-        url = request.url
-        try:
-            host = url.raw_host.decode("ascii", "replace")
-            path = url.raw_path.decode("ascii", "replace").partition("?")[0]
-        except Exception:
-            return None
+        if where is not None:
+            host, path = where  # the host lower-cased: the fingerprint lower-cases it anyway
+        else:
+            url = request.url
+            try:
+                host = url.raw_host.decode("ascii", "replace")
+                path = url.raw_path.decode("ascii", "replace").partition("?")[0]
+            except Exception:
+                return None
         parsed = parsed_body(body)
         return breaker.name(request.method, host, path, body, parsed), body, parsed[1]
 
@@ -336,14 +342,17 @@ class LoopStep:
             decision = breaker.tool_refusal(identity, call, loop.tool, loop.count, "tool error")
             self._gate.check(decision, request)
 
-    def prepare(self, identity: Identity, request: Any) -> LoopCheck | None:
+    def prepare(
+        self, identity: Identity, request: Any, where: Endpoint | None = None
+    ) -> LoopCheck | None:
         """The call's check, to run in the transport's one round trip before sending (with
         the gate and the run budgets' reservations); refuses a tool-call loop at once (no
-        store needed). None: nothing to check."""
+        store needed). None: nothing to check. ``where``: the request's endpoint, when the
+        transport has read it (``endpoint_of``)."""
         breaker = self.breaker
         if breaker is None:  # the breaker is off: the body is not even read
             return None
-        named = self._name(breaker, request)
+        named = self._name(breaker, request, where)
         if named is None:
             return None
         call, body, parsed = named

@@ -31,7 +31,7 @@ from .._usage.estimate import reported, with_input
 from .._usage.readers import FixedReader, FramedReader
 from .._usage.scan import ErrorFind
 from .account import account
-from .compat import header_entries
+from .compat import Endpoint, endpoint_of, header_entries
 from .usage_option import Sending, sent_body
 
 __all__ = ["EXTENSION", "FuseReport", "Meter", "Metering"]
@@ -202,7 +202,14 @@ class Metering:
         self.registry = registry if registry is not None else default_registry
         self.estimate = estimate
 
-    def start(self, sent: Sending, response: Any, identity: Identity, gate: Decision) -> Meter:
+    def start(
+        self,
+        sent: Sending,
+        response: Any,
+        identity: Identity,
+        gate: Decision,
+        where: Endpoint | None = None,
+    ) -> Meter:
         """The meter of the response to ``sent``, whose report goes in the response's extensions.
 
         A stream that will report no usage (``sent.count_text``) has its generated text
@@ -211,6 +218,8 @@ class Metering:
         A response can come back from the inner transport already read (``MockTransport`` with
         ``content=``, a caching transport): the client will not iterate its stream, so the
         body is read from memory, where it is already decoded.
+
+        ``where``: the request's endpoint, when the transport has read it (``endpoint_of``).
         """
         request = sent.request
         report = FuseReport(identity, gate, asked_usage=sent.asked)
@@ -218,7 +227,7 @@ class Metering:
         body = _body_if_read(response)
         try:
             reader = self._reader_for(
-                request, response, decoded=body is not None, count_text=sent.count_text
+                request, response, where, decoded=body is not None, count_text=sent.count_text
             )
         except Exception as exc:  # a custom registry: its failure must not break the call
             meter.fail(exc)
@@ -228,18 +237,24 @@ class Metering:
         return meter
 
     def _reader_for(
-        self, request: Any, response: Any, *, decoded: bool, count_text: bool
-    ) -> UsageReader | None:
+        self, request: Any, response: Any, where: Endpoint | None, *, decoded: bool,
+        count_text: bool,
+    ) -> UsageReader | None:  # fmt: skip
         # `decoded`: the client already decoded the body, so its content-encoding is no more.
         headers = _ResponseHeaders(response.headers, decoded=decoded)
         url = request.url
+        if where is None:
+            where = endpoint_of(url)
+            if where is None:
+                return None  # as `reader_for` does with a response it cannot describe
         try:
             head = ResponseHead(
                 method=request.method.upper(),
                 url=url,
-                host=url.raw_host.decode("ascii").lower(),  # as `urlsplit(...).hostname`
-                # Still %-encoded, as sent; "/" for an empty path (no route tells them apart).
-                path=url.raw_path.decode("ascii").partition("?")[0],
+                # The host as `urlsplit(...).hostname`; the path still %-encoded, as sent, "/"
+                # for an empty one (no route tells them apart).
+                host=where[0],
+                path=where[1],
                 status_code=int(response.status_code),
                 request_headers=request.headers,
                 response_headers=headers,

@@ -186,8 +186,9 @@ class MeteredStream(_Batched):
         done: Callable[[], None],
         share: Callable[[ErrorFind], None] | None = None,
     ) -> bool:
-        """Show every batch to ``watch`` too, after the reader; call ``done`` when the stream
-        ends or is closed, after settling (an error leaves it to ``close``). Before reading.
+        """Show every batch to ``watch`` too, after the reader; call ``done`` once, when the
+        stream ends or is closed, after settling (an error leaves it to ``close``). Before
+        reading.
         ``share`` takes the reader's search for errors (if the stream has a reader that
         searches), for the watch to use. False: the stream has a watch already (another
         transport's, nested), left as it is."""
@@ -217,8 +218,9 @@ class MeteredStream(_Batched):
             self._settle(self._meter, self._whole(False))
             raise
         self._settle(self._meter, self._whole(True))
-        if self._done is not None:
-            self._done()
+        done, self._done = self._done, None  # the close that follows has nothing to add
+        if done is not None:
+            done()
 
     def close(self) -> None:
         try:
@@ -228,8 +230,9 @@ class MeteredStream(_Batched):
                 if not self._meter.report.done:  # else settled at the end of the stream
                     self._settle(self._meter, self._whole(False))
             finally:
-                if self._done is not None:
-                    self._done()
+                done, self._done = self._done, None  # None: told already, at the end
+                if done is not None:
+                    done()
 
 
 class AsyncMeteredStream(_Batched):
@@ -273,8 +276,9 @@ class AsyncMeteredStream(_Batched):
             raise
         # GeneratorExit and cancellation: aclose() settles, outside the dying generator.
         await self._settle(self._meter, self._whole(True))
-        if self._done is not None:
-            await self._done()
+        done, self._done = self._done, None  # the aclose that follows has nothing to add
+        if done is not None:
+            await done()
 
     async def aclose(self) -> None:
         try:
@@ -284,8 +288,9 @@ class AsyncMeteredStream(_Batched):
                 if not self._meter.report.done:  # else settled at the end of the stream
                     await self._settle(self._meter, self._whole(False))
             finally:
-                if self._done is not None:
-                    await self._done()
+                done, self._done = self._done, None  # None: told already, at the end
+                if done is not None:
+                    await done()
 
 
 def read_head(stream: _InnerStream, limit: int) -> tuple[bytes, Iterator[bytes]]:

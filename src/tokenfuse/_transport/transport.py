@@ -35,7 +35,7 @@ from .._runs.ledger import Hold
 from .._usage import ExtractorRegistry
 from .._usage.request import ERROR_HEAD
 from .budget_step import BudgetStep
-from .compat import Flavor, flavor_of
+from .compat import Flavor, endpoint_of, flavor_of
 from .identity import KeyOption, KeyResolver
 from .loop_step import LoopStep, LoopWatch
 from .meter import Meter, Metering
@@ -227,12 +227,13 @@ class FuseTransport(_SyncBase):
     def handle_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
+        where = endpoint_of(request.url)  # read once, for the loop check and the meter
         # One round trip before sending: the velocity gate, the run budgets' reservations
         # (budget_step) and the failure-loop check (loop_step); none when a RedisStore's
         # open-key view answers the gate and the check (on_repeat="event") and no run is
         # bound. A refusing gate releases the reservations; a refusing loop check, or a send
         # that raises, releases them here.
-        check = self._loops.prepare(identity, request)
+        check = self._loops.prepare(identity, request, where)
         also, body = ((check.op,), check.body) if check is not None else ((), None)
         gate, hold, found = self._budget.gate_and_reserve(identity, request, also, body)
         self._gate.check(gate, request)
@@ -245,7 +246,7 @@ class FuseTransport(_SyncBase):
             self._loops.raised(watch)  # a send that raised is a send all the same
             raise
         settle = _settle_of(self._settle, hold, watch)
-        meter = self._metering.start(sent, response, identity, gate)
+        meter = self._metering.start(sent, response, identity, gate, where)
         # The failure-loop watch (loop_step) sees the body before the settle, which takes
         # the call's note to send with its record: at once for a read body, else at the end
         # of the stream (the metered stream feeds the watch each chunk, then settles).
@@ -380,8 +381,9 @@ class AsyncFuseTransport(_AsyncBase):
     async def handle_async_request(self, request: Any) -> Any:
         flavor = flavor_of(request)
         identity = self._identify(request)
+        where = endpoint_of(request.url)  # as in FuseTransport.handle_request
         # One round trip before sending, as in FuseTransport.handle_request.
-        check = self._loops.prepare(identity, request)
+        check = self._loops.prepare(identity, request, where)
         also, body = ((check.op,), check.body) if check is not None else ((), None)
         gate, hold, found = await self._budget.agate_and_reserve(identity, request, also, body)
         self._gate.check(gate, request)
@@ -394,7 +396,7 @@ class AsyncFuseTransport(_AsyncBase):
             await self._loops.araised(watch)
             raise
         settle = _settle_of(self._settle, hold, watch)
-        meter = self._metering.start(sent, response, identity, gate)
+        meter = self._metering.start(sent, response, identity, gate, where)
         # as in FuseTransport.handle_request: the loop watch first, then the settle
         if meter.streaming:
             response.stream = async_stream_type(flavor)(response.stream, meter, settle)
