@@ -22,6 +22,7 @@ the replies are read undecoded, as a single script call's are (``redis_direct``)
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -65,22 +66,19 @@ def on_pooled_connection(client: Any, exchange: Callable[[Any], T]) -> T:
     pool: Any = client.connection_pool  # redis-py's own pool, typed loosely there
     kind = type(pool)
     if kind is SyncBlockingPool:  # RedisStore.from_url's: its lean way (redis_budget)
-        connection = pool.take()
+        take, give_back = pool.take, pool.give_back
     elif kind is redis.ConnectionPool:  # a caller's plain pool: the same (redis_plain_pool)
-        connection = redis_plain_pool.take(pool)
+        take = partial(redis_plain_pool.take, pool)
+        give_back = partial(redis_plain_pool.give_back, pool)
     else:
-        connection = pool.get_connection()
+        take, give_back = pool.get_connection, pool.release
+    connection = take()
     try:
         return connection.retry.call_with_retry(  # type: ignore[no-any-return]
             lambda: exchange(connection), lambda error: connection.disconnect()
         )
     finally:
-        if kind is SyncBlockingPool:
-            pool.give_back(connection)
-        elif kind is redis.ConnectionPool:
-            redis_plain_pool.give_back(pool, connection)
-        else:
-            pool.release(connection)
+        give_back(connection)
 
 
 async def on_pooled_connection_async(client: Any, exchange: Callable[[Any], Awaitable[T]]) -> T:

@@ -78,6 +78,8 @@ __all__ = [
     "TurnTaking",
     "client_advice",
     "command_timeout",
+    "metrics_on",
+    "only_reauth_listens",
     "pool_exhausted",
     "url_options",
 ]
@@ -177,7 +179,7 @@ class SyncBlockingPool(redis.BlockingConnectionPool):
             return False
         if self.pid != os.getpid():  # a forked child: get_connection resets the pool first
             return False
-        return not _metrics_on()
+        return not metrics_on()
 
 
 class AsyncBlockingPool(redis.asyncio.BlockingConnectionPool):
@@ -267,13 +269,7 @@ class AsyncBlockingPool(redis.asyncio.BlockingConnectionPool):
         """Whether taking or giving back a connection needs none of the pool's bookkeeping."""
         if self._waiting or self._lock.locked() or self._maintained() or not _LEAN:
             return False
-        if _metrics_on():
-            return False
-        # Only redis-py's own listener of released connections, which re-authenticates one
-        # given a new token (``give_back`` sends that one through ``release``).
-        dispatcher: Any = self._event_dispatcher
-        listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(_RELEASED, [None])
-        return all(type(listener) is _REAUTH for listener in listeners)
+        return not metrics_on() and only_reauth_listens(self, _RELEASED, _REAUTH)
 
     def _someone_waits(self) -> bool:
         return self._waiting > 0
@@ -287,6 +283,15 @@ class AsyncBlockingPool(redis.asyncio.BlockingConnectionPool):
 _PLAIN_POOL = redis.asyncio.ConnectionPool
 
 
+def only_reauth_listens(pool: Any, released: type, reauth: type) -> bool:
+    """Whether the only listener of ``pool``'s ``released`` connections is redis-py's own
+    ``reauth``, which re-authenticates a connection given a new token (the lean ``give_back``
+    sends that one through ``release``): nothing else needs the event dispatched."""
+    dispatcher: Any = pool._event_dispatcher
+    listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(released, [None])
+    return all(type(listener) is reauth for listener in listeners)
+
+
 def _metrics_off() -> bool:
     return False
 
@@ -296,7 +301,8 @@ try:  # redis-py 7.1 and later: metrics, a "released" event and re-authenticatio
     from redis.event import AsyncReAuthConnectionListener as _REAUTH
     from redis.observability.providers import get_observability_instance
 
-    def _metrics_on() -> bool:
+    def metrics_on() -> bool:
+        """Whether redis-py records its metrics (then its pools' bookkeeping is read)."""
         return bool(get_observability_instance().is_enabled())
 
     _LEAN = all(
@@ -311,7 +317,7 @@ try:  # redis-py 7.1 and later: metrics, a "released" event and re-authenticatio
         for name in ("maint_notifications_enabled", "_checkpid")
     )
 except ImportError:  # pragma: no cover - depends on the redis-py installed
-    _metrics_on = _metrics_off
+    metrics_on = _metrics_off
     _LEAN = False
     _SYNC_LEAN = False
 

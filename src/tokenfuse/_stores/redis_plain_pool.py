@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .redis_budget import metrics_on, only_reauth_listens
 from .redis_ready import check_pooled
 
 __all__ = ["give_back", "take"]
@@ -25,7 +26,6 @@ try:  # redis-py 7.1 and later: metrics, a "released" event and re-authenticatio
     import redis.connection
     from redis.event import AfterConnectionReleasedEvent as _RELEASED
     from redis.event import ReAuthConnectionListener as _REAUTH
-    from redis.observability.providers import get_observability_instance
 
     _LEAN = all(
         hasattr(redis.connection.AbstractConnection, name)
@@ -75,8 +75,4 @@ def _quick(pool: Any) -> bool:
     """Whether taking or giving back a connection needs none of the pool's bookkeeping."""
     if not _LEAN or pool.cache is not None or pool.pid != os.getpid():
         return False
-    if get_observability_instance().is_enabled():
-        return False
-    dispatcher: Any = pool._event_dispatcher
-    listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(_RELEASED, [None])
-    return all(type(listener) is _REAUTH for listener in listeners)
+    return not metrics_on() and only_reauth_listens(pool, _RELEASED, _REAUTH)
