@@ -15,6 +15,7 @@ import signal
 import uuid
 from collections.abc import Iterator
 
+import fakeredis
 import pytest
 import redis
 
@@ -115,26 +116,67 @@ def test_this_process_refuses_its_own_trip_at_once(redis_url: str, redis_prefix:
         store.close()
 
 
+# Each rule of detection v2 that a new key can trip, and each operation that records.
+COLD = VelocityPolicy(limit=None, cold_start_limit=1_000, cold_start_sustained=600)
+TRIPS: list[tuple[str, VelocityPolicy, Op[object]]] = [
+    ("manual_ceiling", POLICY, Record("t", 500.0, POLICY)),
+    ("cold_start_ceiling", COLD, Record("t", 7_000.0, COLD)),  # over 10 min of budget
+    ("cold_start_ceiling", COLD, RecordBatch("t", (600.0, 600.0, 600.0), COLD)),
+    ("manual_ceiling", POLICY, Admit("t", cost=0.0, amount=500.0, velocity=POLICY, bucket=None)),
+]
+
+
+@pytest.fixture(params=["redis", "fakeredis"])
+def view_and_script(
+    request: pytest.FixtureRequest, redis_prefix: str, clock: Clock
+) -> Iterator[tuple[RedisStore, RedisStore]]:
+    """Two stores on one server and clock, one with a view and one without: on Redis, and on
+    fakeredis, whose Lua has no ``struct`` (the scripts pack and unpack in plain Lua)."""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        stores = (
+            RedisStore.from_url(url, prefix=redis_prefix, clock=clock),
+            RedisStore.from_url(url, prefix=redis_prefix, clock=clock, open_keys=False),
+        )
+    else:
+        server = fakeredis.FakeServer()
+        stores = (
+            RedisStore(fakeredis.FakeRedis(server=server), prefix=redis_prefix, clock=clock),
+            RedisStore(
+                fakeredis.FakeRedis(server=server), prefix=redis_prefix, clock=clock,
+                open_keys=False,
+            ),
+        )  # fmt: skip
+    yield stores
+    for store in stores:
+        store.close()
+
+
+@pytest.mark.parametrize(("reason", "policy", "op"), TRIPS)
 def test_the_view_answers_exactly_as_the_script_does(
-    redis_url: str, redis_prefix: str, clock: Clock
+    view_and_script: tuple[RedisStore, RedisStore],
+    clock: Clock,
+    reason: str,
+    policy: VelocityPolicy,
+    op: Op[object],
 ) -> None:
-    """With an injected clock the view's refusal is the script's, double for double."""
-    with_view = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock)
-    without = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock, open_keys=False)
-    try:
-        view = view_of(with_view)
-        assert view.wait_synced(WAIT)
-        without.run(Record("k", 500.0, POLICY))
-        full = key_of(redis_prefix, "k")
-        assert view.wait_until(lambda v: v._open.get(full, (0, None))[1] is not None, WAIT)
-        for step in (0.0, 0.001, 7.25, 52.0):
-            clock.advance(step)
-            assert with_view.run(Gate("k")) == without.run(Gate("k"))
-        clock.advance(1.0)  # past the cooldown: open no more, in both
-        assert with_view.run(Gate("k")).allowed and without.run(Gate("k")).allowed
-    finally:
-        with_view.close()
-        without.close()
+    """With an injected clock the view's refusal is the script's, double for double: its
+    reason, rate, limit, baseline, multiple (None included) and window travel as text."""
+    with_view, without = view_and_script
+    view = view_of(with_view)
+    assert view.wait_synced(WAIT)
+    verdict = without.run(op)
+    assert getattr(verdict, "velocity", verdict).tripped
+    full = key_of(with_view.prefix, "t")
+    assert view.wait_until(lambda v: v._open.get(full, (0, None))[1] is not None, WAIT)
+    cooldown = policy.cooldown
+    for step in (0.0, 0.001, cooldown / 8, cooldown * 0.87):
+        clock.advance(step)
+        from_view = with_view.run(Gate("t"))
+        assert from_view == without.run(Gate("t"))
+        assert not from_view.allowed and from_view.reason == reason
+    clock.advance(cooldown)  # past the cooldown: open no more, in both
+    assert with_view.run(Gate("t")).allowed and without.run(Gate("t")).allowed
 
 
 def test_no_view_before_it_has_synced(redis_url: str, redis_prefix: str) -> None:
@@ -292,16 +334,6 @@ def test_a_close_hides_what_is_heard_of_it_until_its_own_announcement(
     assert [closes.hides(name) for name in "abcd"] == [False, True, True, True]
     closes.clear()
     assert not any(closes.hides(name) for name in "abcd")
-
-
-# Each rule of detection v2 that a new key can trip, and each operation that records.
-COLD = VelocityPolicy(limit=None, cold_start_limit=1_000, cold_start_sustained=600)
-TRIPS: list[tuple[str, VelocityPolicy, Op[object]]] = [
-    ("manual_ceiling", POLICY, Record("t", 500.0, POLICY)),
-    ("cold_start_ceiling", COLD, Record("t", 7_000.0, COLD)),  # over 10 min of budget
-    ("cold_start_ceiling", COLD, RecordBatch("t", (600.0, 600.0, 600.0), COLD)),
-    ("manual_ceiling", POLICY, Admit("t", cost=0.0, amount=500.0, velocity=POLICY, bucket=None)),
-]
 
 
 @pytest.mark.parametrize(("reason", "policy", "op"), TRIPS)

@@ -151,6 +151,7 @@ else
     bytes[8] = sign + math.floor(exponent / 16)
     return string.char(unpack(bytes))
   end
+  local NAN_DOUBLE = 0 / 0
   local function bytes_double(s, at)
     local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, at, at + 7)
     local sign = 1
@@ -159,7 +160,10 @@ else
     local mantissa = (((((b7 % 16) * 256 + b6) * 256 + b5) * 256 + b4) * 256 + b3) * 65536
       + b2 * 256 + b1
     if exponent == 0 then return sign * math.ldexp(mantissa, -1074) end
-    if exponent == 2047 then return sign * math.huge end
+    if exponent == 2047 then -- a mantissa makes it NaN (None in a verdict), else infinity
+      if mantissa ~= 0 then return NAN_DOUBLE end
+      return sign * math.huge
+    end
     return sign * math.ldexp(mantissa + 2 ^ 52, exponent - 1075)
   end
   pack = function(format, ...)
