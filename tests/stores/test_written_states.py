@@ -63,3 +63,13 @@ def test_a_record_keeps_the_bucket_block_as_it_was(
     after = raw.get(key)
     assert after is not None and len(after) == 768
     assert after[-64:] == before[-64:]
+
+
+def test_two_keys_that_hold_the_same_bytes_do_not_share_tables(
+    store: RedisStore, raw: redis.Redis
+) -> None:
+    for _ in range(3):
+        assert store.run(Record("a", 100, POLICY)).allowed
+    raw.set(key_of(store.prefix, "b"), raw.get(key_of(store.prefix, "a")))  # b = a, bytes
+    assert store.run(Record("a", 100, POLICY)).rate == 400.0  # a's tables, taken and changed
+    assert store.run(Record("b", 1, POLICY)).rate == 301.0  # b's own bytes, not a's tables
