@@ -154,10 +154,21 @@ _BIND_STRUCT = """
 local bound = false -- whether struct is bound: not at FUNCTION LOAD, where it is out of reach
 local function bind_struct() -- (a server without struct, as fakeredis, errors on reading it)
   bound = true
+  math_floor, math_ceil, math_max, math_min, math_exp =
+    math.floor, math.ceil, math.max, math.min, math.exp
   local found, library = pcall(function() return struct end)
   if found and library then pack, unpack_doubles = library.pack, library.unpack end
 end
 """
+
+
+# The library's local aliases of math functions: math, too, is out of reach while a library
+# loads, so the function library declares them unbound and bind_struct binds them.
+_MATH_ALIASES = (
+    "local math_floor, math_ceil, math_max, math_min, math_exp =\n"
+    "  math.floor, math.ceil, math.max, math.min, math.exp\n"
+)
+_MATH_UNBOUND = "local math_floor, math_ceil, math_max, math_min, math_exp -- bind_struct, below\n"
 
 
 # A script's KEYS and ARGV are globals, which a few library definitions read too; a function
@@ -175,6 +186,9 @@ def function_library() -> FunctionLibrary:
     if _STRUCT_TEST not in definitions:
         raise AssertionError("the library no longer picks struct.pack with 'if struct then'")
     definitions = definitions.replace(_STRUCT_TEST, "if false then -- bind_struct, below\n", 1)
+    if _MATH_ALIASES not in definitions:
+        raise AssertionError("the library no longer binds its math aliases as _MATH_ALIASES says")
+    definitions = definitions.replace(_MATH_ALIASES, _MATH_UNBOUND, 1)
     placeholder = "tokenfuse_@"  # the name, until the hash of the code it names is known
     functions = {op: f"{placeholder}_{op}" for op in bodies}
     registrations = [
