@@ -106,7 +106,8 @@ local ADMIT_CALL = '<dddd' -- an admission's call: now, ttl ms, cost, amount
 
 -- The math functions the rules call, as locals: a global is looked up in the environment at
 -- every use (a function library's through its metatable: some 20 ns a call), a local is at
--- hand. (A function library binds them at its first call: math is out of reach at load.)
+-- hand. (A function library binds them at its first call: math is out of reach at load;
+-- the EVALSHA scripts call math's own instead: redis_scripts._global_math.)
 local math_floor, math_ceil, math_max, math_min, math_exp =
   math.floor, math.ceil, math.max, math.min, math.exp
 
