@@ -62,6 +62,7 @@ local OPEN_FORMAT = '<dd' -- 2: the velocity block up to open_until (the gate's)
 local V_SIZE = 704 -- bytes of the velocity block
 local B_SIZE = 64 -- bytes of the bucket block
 local V_DOUBLES = 88 -- doubles in the velocity block
+local VB_FORMAT = '<dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd' -- 96: both blocks, in one pack
 -- The velocity state v is the block's doubles in a flat list, as one unpack returns them
 -- (load_velocity): its fields at these indices, each ring's values right after its index
 -- (v[AMOUNTS + 1] .. v[AMOUNTS + SLOTS] is Python's amounts[0..12]). A decision unpacks and
@@ -102,6 +103,13 @@ local VP_FORMAT = '<dddddddddddddddddd' -- 18: velocity policy
 local BP_FORMAT = '<dddd' -- 4: bucket policy
 local RECORD_CALL = '<ddd' -- a record's call: now, ttl ms, amount
 local ADMIT_CALL = '<dddd' -- an admission's call: now, ttl ms, cost, amount
+
+-- The math functions the rules call, as locals: a global is looked up in the environment at
+-- every use (a function library's through its metatable: some 20 ns a call), a local is at
+-- hand. (A function library binds them at its first call: math is out of reach at load;
+-- the EVALSHA scripts call math's own instead: redis_scripts._global_math.)
+local math_floor, math_ceil, math_max, math_min, math_exp =
+  math.floor, math.ceil, math.max, math.min, math.exp
 
 -- ---------------------------------------------------------------------------------------------
 -- Plumbing: clock, doubles, replies
@@ -145,10 +153,10 @@ else
     local bytes = {}
     for i = 1, 6 do
       bytes[i] = mantissa % 256
-      mantissa = math.floor(mantissa / 256)
+      mantissa = math_floor(mantissa / 256)
     end
     bytes[7] = (exponent % 16) * 16 + mantissa
-    bytes[8] = sign + math.floor(exponent / 16)
+    bytes[8] = sign + math_floor(exponent / 16)
     return string.char(unpack(bytes))
   end
   local NAN_DOUBLE = 0 / 0
@@ -156,7 +164,7 @@ else
     local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(s, at, at + 7)
     local sign = 1
     if b8 >= 128 then sign = -1 end
-    local exponent = (b8 % 128) * 16 + math.floor(b7 / 16)
+    local exponent = (b8 % 128) * 16 + math_floor(b7 / 16)
     local mantissa = (((((b7 % 16) * 256 + b6) * 256 + b5) * 256 + b4) * 256 + b3) * 65536
       + b2 * 256 + b1
     if exponent == 0 then return sign * math.ldexp(mantissa, -1074) end
@@ -240,8 +248,26 @@ local bucket_params = memo(function(arg)
     near_limit_after = after}
 end)
 
+-- A decision's TTL (ms) as SET's text. Redis formats a number argument with glibc's exact
+-- %.17g, some 2,000 instructions a call; the same text, made once per TTL.
+local ttl_text = memo(fmt)
+
 -- ---------------------------------------------------------------------------------------------
 -- State (VelocityState, BucketState) <-> the identity's string
+
+-- The states this library wrote, by the string it wrote: the velocity list and the bucket
+-- table packed into it. A decision that GETs back the string the last one wrote (Lua strings
+-- are interned: the same bytes are the same string, one table lookup) takes those instead of
+-- unpacking it: 14,000 of a record's 130,000 server instructions, and the garbage. An entry is
+-- taken out when used, so a table is never shared and one changed by a call that fails is
+-- never found again; save() puts the changed tables back under the new string. Only a
+-- function library keeps them between calls (as the policies'); at most MEMO_SIZE strings.
+local written_v, written_b, written_count = {}, {}, 0
+
+local function remember(blob, v, b)
+  if written_count >= MEMO_SIZE then written_v, written_b, written_count = {}, {}, 0 end
+  written_v[blob], written_b[blob], written_count = v, b, written_count + 1
+end
 
 -- The identity's string, or false when it has no state yet.
 local function load_state(key)
@@ -264,6 +290,11 @@ end
 -- The velocity state in string s, or nil.
 local function load_velocity(s)
   if not s or #s == B_SIZE then return nil end
+  local v = written_v[s]
+  if v ~= nil then
+    written_v[s] = nil
+    return v
+  end
   return {unpack_doubles(V_FORMAT, s)} -- (struct's next position lands past the block: unused)
 end
 
@@ -275,6 +306,11 @@ end
 -- The bucket state in string s, or nil.
 local function load_bucket(s)
   if not s or #s == V_SIZE then return nil end
+  local b = written_b[s]
+  if b ~= nil then
+    written_b[s] = nil
+    return b
+  end
   local tokens, updated, use_minute, use_amount, hot_since, alerted, capacity, rate =
     unpack_doubles(B_FORMAT, s, #s - B_SIZE + 1)
   return {tokens = tokens, updated = updated, use_minute = use_minute, use_amount = use_amount,
@@ -285,31 +321,49 @@ end
 -- Write the identity's string with its TTL (ttl ms) in one SET: the velocity block of v, or
 -- the one in s as it was; then the bucket block of b, or the one in s. Every operation that
 -- writes refreshes the TTL, changed or not: an identity in use never expires, an idle one
--- disappears after ttl (the MemoryStore's touch).
+-- disappears after ttl (the MemoryStore's touch). With a velocity list, both blocks are one
+-- pack of v with the bucket's doubles after it (v[89..96], unread by the rules): each Lua
+-- string costs a pass over its bytes (Redis's Lua hashes them all), and a block packed then
+-- joined to the other makes three.
 local function save(key, ttl, s, v, b)
   local blob = ''
-  if v then
+  if v and (b or (s and #s ~= V_SIZE)) then
+    local at = V_DOUBLES
+    if b then
+      v[at + 1], v[at + 2], v[at + 3], v[at + 4] = b.tokens, b.updated, b.use_minute,
+        b.use_amount
+      v[at + 5], v[at + 6], v[at + 7], v[at + 8] = b.hot_since, b.alerted,
+        b.capacity_override, b.rate_override
+    else -- the bucket block in s, as it was
+      v[at + 1], v[at + 2], v[at + 3], v[at + 4], v[at + 5], v[at + 6], v[at + 7], v[at + 8] =
+        unpack_doubles(B_FORMAT, s, #s - B_SIZE + 1)
+    end
+    blob = pack(VB_FORMAT, unpack(v, 1, V_DOUBLES + 8))
+  elseif v then
     blob = pack(V_FORMAT, unpack(v, 1, V_DOUBLES))
-  elseif s and #s ~= B_SIZE then
-    blob = string.sub(s, 1, V_SIZE)
+  else
+    if s and #s ~= B_SIZE then blob = string.sub(s, 1, V_SIZE) end
+    if b then
+      blob = blob .. pack(B_FORMAT, b.tokens, b.updated, b.use_minute, b.use_amount,
+        b.hot_since, b.alerted, b.capacity_override, b.rate_override)
+    elseif s and #s ~= V_SIZE then
+      blob = blob .. string.sub(s, -B_SIZE)
+    end
   end
-  if b then
-    blob = blob .. pack(B_FORMAT, b.tokens, b.updated, b.use_minute, b.use_amount, b.hot_since,
-      b.alerted, b.capacity_override, b.rate_override)
-  elseif s and #s ~= V_SIZE then
-    blob = blob .. string.sub(s, -B_SIZE)
+  if blob ~= '' then
+    redis.call('SET', key, blob, 'PX', ttl)
+    remember(blob, v, b)
   end
-  if blob ~= '' then redis.call('SET', key, blob, 'PX', ttl) end
 end
 
 -- ---------------------------------------------------------------------------------------------
 -- Velocity (velocity.py)
 
 local function advance(v, now)
-  local slot = math.floor(now / SLOT_SECONDS)
+  local slot = math_floor(now / SLOT_SECONDS)
   local head = v[HEAD]
   if slot > head then
-    for index = math.max(head + 1, slot - SLOTS + 1), slot do
+    for index = math_max(head + 1, slot - SLOTS + 1), slot do
       local i = index % SLOTS + 1
       v[AMOUNTS + i] = 0.0
       v[LARGEST + i] = 0.0
@@ -322,7 +376,7 @@ end
 -- The ring of count values after index ring of v, summed over its sliding window.
 local function sliding_sum(v, ring, count, head, now, seconds)
   local oldest = (head + 1) % count + 1
-  local elapsed = math.min(math.max((now - head * seconds) / seconds, 0.0), 1.0)
+  local elapsed = math_min(math_max((now - head * seconds) / seconds, 0.0), 1.0)
   local total = 0.0 -- left to right, as the core adds
   for i = ring + 1, ring + count do total = total + v[i] end
   return total - v[ring + oldest] * elapsed
@@ -330,7 +384,7 @@ end
 
 local function window(v, now)
   return sliding_sum(v, AMOUNTS, SLOTS, v[HEAD], now, SLOT_SECONDS),
-    math.max(unpack(v, LARGEST + 1, LARGEST + SLOTS))
+    math_max(unpack(v, LARGEST + 1, LARGEST + SLOTS))
 end
 
 local function long_rate(v, now)
@@ -351,11 +405,11 @@ end
 
 local function learn(v, amount, calls, at, p)
   if v[SAMPLES] >= p.min_samples then
-    amount = math.min(amount, p.learn_clip * v[BASELINE])
-    calls = math.min(calls, p.learn_clip * v[CALLS])
+    amount = math_min(amount, p.learn_clip * v[BASELINE])
+    calls = math_min(calls, p.learn_clip * v[CALLS])
   end
   if v[WEIGHT] > 0.0 then
-    local decay = math.exp(-(at - v[LEARNED_AT]) * LN2 / p.half_life)
+    local decay = math_exp(-(at - v[LEARNED_AT]) * LN2 / p.half_life)
     v[WEIGHT] = v[WEIGHT] * decay + 1.0
   else
     v[WEIGHT] = 1.0
@@ -368,10 +422,10 @@ local function learn(v, amount, calls, at, p)
 end
 
 local function roll_minutes(v, now, p)
-  local minute = math.floor(now / MINUTE)
+  local minute = math_floor(now / MINUTE)
   local head = v[MINUTE_HEAD]
   if minute <= head then return end
-  for index = math.max(head - LONG_SLOTS + 1, 0), math.min(head, minute - LONG_SLOTS) do
+  for index = math_max(head - LONG_SLOTS + 1, 0), math_min(head, minute - LONG_SLOTS) do
     local ring = index % LONG_SLOTS + 1
     local amount = v[MINUTE_AMOUNTS + ring]
     if amount > 0.0 and index > v[DISCARD_THROUGH] then
@@ -391,8 +445,8 @@ end
 local function average(v, now, p)
   local age = now - v[FIRST_SEEN]
   if v[WEIGHT] <= 0.0 or age <= 0.0 then return 0.0 end
-  local decay = math.exp(-(now - v[LEARNED_AT]) * LN2 / p.half_life)
-  local minutes = p.half_life / (MINUTE * LN2) * (1.0 - math.exp(-age * LN2 / p.half_life))
+  local decay = math_exp(-(now - v[LEARNED_AT]) * LN2 / p.half_life)
+  local minutes = p.half_life / (MINUTE * LN2) * (1.0 - math_exp(-age * LN2 / p.half_life))
   return v[BASELINE] * v[WEIGHT] * decay / minutes
 end
 
@@ -402,20 +456,20 @@ local function typical_peak(v, p)
 end
 
 local function allowance(v, now)
-  local hour = math.floor(now / HOUR) % 24
-  local word = v[PROFILE + math.floor(hour / 6) + 1]
+  local hour = math_floor(now / HOUR) % 24
+  local word = v[PROFILE + math_floor(hour / 6) + 1]
   if word == 0.0 then return 0.0 end
-  local code = math.floor(word / 2.0 ^ (8 * (hour % 6))) % 256
+  local code = math_floor(word / 2.0 ^ (8 * (hour % 6))) % 256
   if code == 0 then return 0.0 end
   return 2.0 ^ (code / 8.0)
 end
 
 local function teach(v, hour, rate)
-  local code = math.min(math.max(math.ceil(8.0 * math.log(rate) / LN2), 1.0), 255.0)
+  local code = math_min(math_max(math_ceil(8.0 * math.log(rate) / LN2), 1.0), 255.0)
   local place = 2.0 ^ (8 * (hour % 6))
-  local at = PROFILE + math.floor(hour / 6) + 1
+  local at = PROFILE + math_floor(hour / 6) + 1
   local word = v[at]
-  local old = math.floor(word / place) % 256
+  local old = math_floor(word / place) % 256
   if code > old then v[at] = word + (code - old) * place end
 end
 
@@ -426,12 +480,12 @@ end
 
 local function feed_early(v, amount, now, normal, p)
   local pace = p.spike_multiple * v[CALLS] * (normal / v[BASELINE]) / MINUTE
-  local level = math.max(v[EARLY_LEVEL] - pace * math.max(now - v[EARLY_AT], 0.0), 0.0)
+  local level = math_max(v[EARLY_LEVEL] - pace * math_max(now - v[EARLY_AT], 0.0), 0.0)
   if level == 0.0 then
     v[EARLY_SINCE] = now
     v[EARLY_AMOUNT] = 0.0
   end
-  v[EARLY_LEVEL] = level + math.min(amount * v[CALLS] / v[BASELINE], 1.0)
+  v[EARLY_LEVEL] = level + math_min(amount * v[CALLS] / v[BASELINE], 1.0)
   v[EARLY_AMOUNT] = v[EARLY_AMOUNT] + amount
   v[EARLY_AT] = now
 end
@@ -444,7 +498,7 @@ local function sparse(v, largest, threshold)
   v[EXCUSED_SLOT] = slot
   v[EXCUSED_AMOUNT] = largest
   if at < 0 then return nil end
-  local span = math.max((slot - at) * SLOT_SECONDS, WINDOW_SECONDS)
+  local span = math_max((slot - at) * SLOT_SECONDS, WINDOW_SECONDS)
   local rate = (before + largest) * (WINDOW_SECONDS / span)
   if rate >= threshold then return rate, span end
   return nil
@@ -461,20 +515,20 @@ local function established_rules(v, amount, rate, largest, normal, now, p)
   if p.early_threshold ~= nil and v[CALLS] > 0.0 then
     feed_early(v, amount, now, normal, p)
     if v[EARLY_LEVEL] >= p.early_threshold then
-      local span = math.max(now - v[EARLY_SINCE], 1.0)
+      local span = math_max(now - v[EARLY_SINCE], 1.0)
       return EARLY, v[EARLY_AMOUNT] * (WINDOW_SECONDS / span), threshold, normal, span
     end
   end
   local avg = average(v, now, p)
-  local sustained = math.max(p.sustained_multiple * avg, p.sustained_baseline_multiple * normal)
+  local sustained = math_max(p.sustained_multiple * avg, p.sustained_baseline_multiple * normal)
   local long = long_rate(v, now)
-  local largest_minute = math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
+  local largest_minute = math_max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
   if long - largest_minute * (MINUTE / LONG_WINDOW) >= sustained then
     return SUSTAINED, long, sustained, avg, LONG_WINDOW
   end
   local floor = p.cold_start_limit
   if floor ~= nil and p.ceiling_multiple ~= nil and v[LIMIT_OVERRIDE] < 0.0 then
-    local top = math.max(p.ceiling_multiple * normal, floor)
+    local top = math_max(p.ceiling_multiple * normal, floor)
     if rate > top then return TOP, rate, top, normal, WINDOW_SECONDS end
   end
   return 0, rate, threshold, normal, WINDOW_SECONDS
@@ -485,20 +539,20 @@ local function cold_start_rules(v, rate, largest, normal, now, p)
   local floor = p.cold_start_limit
   local spike = nil
   if floor ~= nil then
-    spike = math.max(floor, p.spike_multiple * normal)
+    spike = math_max(floor, p.spike_multiple * normal)
     if rate - largest > spike then return COLD, rate, spike, WINDOW_SECONDS end
     local top = floor
-    if p.ceiling_multiple ~= nil then top = math.max(floor, p.ceiling_multiple * normal) end
+    if p.ceiling_multiple ~= nil then top = math_max(floor, p.ceiling_multiple * normal) end
     if p.cold_start_sustained ~= nil then
-      top = math.max(top, p.cold_start_sustained * (LONG_WINDOW / MINUTE))
+      top = math_max(top, p.cold_start_sustained * (LONG_WINDOW / MINUTE))
     end
     if rate > top then return COLD, rate, top, WINDOW_SECONDS end
   end
   local budget = p.cold_start_sustained
   if budget ~= nil then
-    budget = math.max(budget, p.sustained_baseline_multiple * normal)
+    budget = math_max(budget, p.sustained_baseline_multiple * normal)
     local long = long_rate(v, now)
-    local largest_minute = math.max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
+    local largest_minute = math_max(unpack(v, MINUTE_LARGEST + 1, MINUTE_LARGEST + LONG_SLOTS))
     if long - largest_minute * (MINUTE / LONG_WINDOW) > budget then
       return BUDGET, long, budget, LONG_WINDOW
     end
@@ -516,13 +570,13 @@ local function judge(v, amount, now, p)
   end
   local allowed = allowance(v, now)
   if baseline ~= nil and baseline >= p.min_baseline then
-    local normal = math.max(baseline, allowed, typical_peak(v, p))
+    local normal = math_max(baseline, allowed, typical_peak(v, p))
     return established_rules(v, amount, rate, largest, normal, now, p)
   end
   if v[LIMIT_OVERRIDE] >= 0.0 then return 0, rate, ceiling, baseline, WINDOW_SECONDS end
   local shown = 0.0
-  if v[SAMPLES] >= p.cold_start_samples then shown = math.max(v[BASELINE], typical_peak(v, p)) end
-  local reason, r, limit, span = cold_start_rules(v, rate, largest, math.max(shown, allowed),
+  if v[SAMPLES] >= p.cold_start_samples then shown = math_max(v[BASELINE], typical_peak(v, p)) end
+  local reason, r, limit, span = cold_start_rules(v, rate, largest, math_max(shown, allowed),
     now, p)
   if reason == 0 and ceiling ~= nil then limit = ceiling end
   return reason, r, limit, baseline, span
@@ -531,7 +585,7 @@ end
 local function trip(v, reason, rate, limit, baseline, span, now, p)
   local recent = v[STRIKES] > 0 and now - v[LAST_TRIP] <= p.escalation_window
   if recent then v[STRIKES] = v[STRIKES] + 1 else v[STRIKES] = 1 end
-  local cooldown = math.min(p.cooldown * 2.0 ^ (v[STRIKES] - 1), p.cooldown_max)
+  local cooldown = math_min(p.cooldown * 2.0 ^ (v[STRIKES] - 1), p.cooldown_max)
   v[OPEN_UNTIL] = now + cooldown
   v[LAST_TRIP] = now
   v[TRIP_REASON] = reason
@@ -540,7 +594,7 @@ local function trip(v, reason, rate, limit, baseline, span, now, p)
   if baseline == nil then v[TRIP_BASELINE] = -1.0 else v[TRIP_BASELINE] = baseline end
   v[TRIP_WINDOW] = span
   v[EARLY_LEVEL] = 0.0
-  v[DISCARD_THROUGH] = math.max(v[DISCARD_THROUGH], math.floor(v[OPEN_UNTIL] / MINUTE))
+  v[DISCARD_THROUGH] = math_max(v[DISCARD_THROUGH], math_floor(v[OPEN_UNTIL] / MINUTE))
 end
 
 -- Verdicts: packed little-endian doubles, None as NaN (redis_codec.py reads them). A velocity
@@ -583,10 +637,10 @@ local function record_step(v, amount, now, p)
   if now >= (v[MINUTE_HEAD] + 1) * MINUTE then roll_minutes(v, now, p) end
   local slot = advance(v, now) % SLOTS + 1
   v[AMOUNTS + slot] = v[AMOUNTS + slot] + amount
-  v[LARGEST + slot] = math.max(v[LARGEST + slot], amount)
+  v[LARGEST + slot] = math_max(v[LARGEST + slot], amount)
   local minute = v[MINUTE_HEAD] % LONG_SLOTS + 1
   v[MINUTE_AMOUNTS + minute] = v[MINUTE_AMOUNTS + minute] + amount
-  v[MINUTE_LARGEST + minute] = math.max(v[MINUTE_LARGEST + minute], amount)
+  v[MINUTE_LARGEST + minute] = math_max(v[MINUTE_LARGEST + minute], amount)
   v[MINUTE_CALLS + minute] = v[MINUTE_CALLS + minute] + 1.0
   if v[OPEN_UNTIL] > now then return 0, 0 end
   local reason, rate, limit, baseline, span = judge(v, amount, now, p)
@@ -626,7 +680,7 @@ end
 
 local function forgive_velocity(v)
   if v[LAST_TRIP] > 0.0 and v[TRIP_RATE] > 0.0 and v[TRIP_REASON] ~= MANUAL then
-    local hour = math.floor(v[LAST_TRIP] / HOUR) % 24
+    local hour = math_floor(v[LAST_TRIP] / HOUR) % 24
     teach(v, hour, v[TRIP_RATE])
     teach(v, (hour + 1) % 24, v[TRIP_RATE])
   end
@@ -648,12 +702,12 @@ end
 
 local function level(b, now, capacity, rate)
   if b.tokens < 0.0 then return capacity end
-  local elapsed = math.max(now - b.updated, 0.0)
-  return math.min(capacity, b.tokens + elapsed * rate)
+  local elapsed = math_max(now - b.updated, 0.0)
+  return math_min(capacity, b.tokens + elapsed * rate)
 end
 
 local function track_use(b, cost, now, rate, p)
-  local minute = math.floor(now / MINUTE)
+  local minute = math_floor(now / MINUTE)
   if minute > b.use_minute then
     local hot = b.use_amount >= p.near_limit_fraction * rate * MINUTE
     if not (hot and minute == b.use_minute + 1) then
@@ -678,21 +732,21 @@ end
 local function consume(b, cost, now, p)
   local capacity, rate = limits_of(b, p)
   local tokens = level(b, now, capacity, rate)
-  b.updated = math.max(now, b.updated)
+  b.updated = math_max(now, b.updated)
   if tokens < cost - EPSILON then
     b.tokens = tokens
     return 0, pack(BUCKET_VERDICT, 0, tokens, capacity, rate, (cost - tokens) / rate, 0)
   end
-  b.tokens = math.max(tokens - cost, 0.0)
+  b.tokens = math_max(tokens - cost, 0.0)
   local near_limit = track_use(b, cost, now, rate, p)
   return 1, pack(BUCKET_VERDICT, 1, b.tokens, capacity, rate, 0, near_limit)
 end
 
 -- Leases (bucket.take_more, bucket.give_back): tokens taken ahead of the calls that spend them.
 local function take_more(b, want, now, p)
-  local taken = math.min(want, b.tokens)
+  local taken = math_min(want, b.tokens)
   if taken <= 0.0 then return 0.0 end
-  b.tokens = math.max(b.tokens - taken, 0.0)
+  b.tokens = math_max(b.tokens - taken, 0.0)
   b.use_amount = b.use_amount + taken
   return taken
 end
@@ -700,10 +754,10 @@ end
 local function give_back(b, tokens, now, p)
   local capacity, rate = limits_of(b, p)
   local current = level(b, now, capacity, rate)
-  b.updated = math.max(now, b.updated)
-  b.tokens = math.min(capacity, current + tokens)
-  if b.use_minute == math.floor(now / MINUTE) then
-    b.use_amount = math.max(b.use_amount - tokens, 0.0)
+  b.updated = math_max(now, b.updated)
+  b.tokens = math_min(capacity, current + tokens)
+  if b.use_minute == math_floor(now / MINUTE) then
+    b.use_amount = math_max(b.use_amount - tokens, 0.0)
   end
 end
 
@@ -791,7 +845,7 @@ local function announce_trip(key, v, before, now)
   local fields = {unpack_doubles(VERDICT_FORMAT, refusal(v, now, 0))}
   for i = 1, 9 do fields[i] = opt(fields[i]) end
   local state = fmt(v[OPEN_UNTIL]) .. ' ' .. table.concat(fields, ' ', 1, 9)
-  local ttl = math.max(math.ceil((v[OPEN_UNTIL] - now) * 1000), 1)
+  local ttl = math_max(math_ceil((v[OPEN_UNTIL] - now) * 1000), 1)
   redis.call('SET', prefix .. ':open:' .. tagged, state, 'PX', ttl)
   redis.call('PUBLISH', prefix .. ':open-keys', 'o ' .. state .. ' ' .. key)
 end
@@ -820,7 +874,7 @@ local loop_params = memo(function(arg)
   return {failures = failures, failure_window = failure_window, cooldown = cooldown,
     repeats = repeats, repeat_window = repeat_window, refuse_repeats = refuse == 1,
     max_calls = max_calls, cooldown_max = cooldown_max,
-    keep = math.max(failure_window, repeat_window)}
+    keep = math_max(failure_window, repeat_window)}
 end)
 
 local function load_loops(key)
@@ -859,12 +913,12 @@ local function save_loops(key, ttl, calls, now, p)
       .. pack(LOOP_FORMAT, c.last_seen, c.sends, c.sends_since, c.failures, c.failures_since,
         c.open_until, c.status, c.strikes, c.last_trip)
     if p then
-      last = math.max(last, c.last_seen + p.keep, c.open_until, c.last_trip + ESCALATION_WINDOW)
+      last = math_max(last, c.last_seen + p.keep, c.open_until, c.last_trip + ESCALATION_WINDOW)
     end
   end
   local px = tonumber(ttl)
-  if p then px = math.min(px, math.ceil((last - now) * 1000) + LOOP_GRACE) end
-  redis.call('SET', key, table.concat(parts), 'PX', math.max(px, 1))
+  if p then px = math_min(px, math_ceil((last - now) * 1000) + LOOP_GRACE) end
+  redis.call('SET', key, table.concat(parts), 'PX', math_max(px, 1))
 end
 
 local function prune_loops(calls, now, p)
@@ -937,7 +991,7 @@ end
 local function announce_loop_trip(key, c, now, p)
   local prefix, marker = loop_marker(key, c.fingerprint)
   local refusal = loop_refused(c, now, p, 0, 0)
-  local ttl = math.max(math.ceil((c.open_until - now) * 1000), 1)
+  local ttl = math_max(math_ceil((c.open_until - now) * 1000), 1)
   redis.call('SET', marker, fmt(c.open_until) .. ' ' .. refusal, 'PX', ttl)
   redis.call('PUBLISH', prefix .. ':open-keys',
     'l ' .. fmt(c.open_until) .. ' ' .. c.fingerprint .. ' ' .. refusal .. ' ' .. key)
@@ -1023,12 +1077,12 @@ local function note_loop(calls, fingerprint, failed, status, err, now, p, send)
   c.error = err
   if c.failures >= p.failures and c.open_until <= 0 then
     if c.last_trip > 0 and now - c.last_trip <= ESCALATION_WINDOW then
-      c.strikes = math.min(c.strikes + 1, MAX_STRIKES)
+      c.strikes = math_min(c.strikes + 1, MAX_STRIKES)
     else
       c.strikes = 0.0
     end
     c.last_trip = now
-    c.open_until = now + math.min(p.cooldown * 2 ^ c.strikes, p.cooldown_max)
+    c.open_until = now + math_min(p.cooldown * 2 ^ c.strikes, p.cooldown_max)
     announce_loop_trip(KEYS[1], c, now, p)
     return loop_verdict(1, FAILURE_LOOP, 1, repeated, c.failures, p.failure_window,
       c.open_until - now, c.failures, c.status, c.error)

@@ -34,6 +34,6 @@ if bp ~= nil then b = load_bucket(s) or new_bucket(bp.capacity, now) end
 
 local before = v and v[OPEN_UNTIL]
 local allowed, latch, taken = admit(v, b, cost, amount, now, vp, bp)
-save(KEYS[1], ttl, s, v, b)
+save(KEYS[1], ttl_text(ttl), s, v, b)
 announce_trip(KEYS[1], v, before, now)
 return admission_reply(allowed, latch, taken)

@@ -27,6 +27,6 @@ local s = load_state(KEYS[1])
 local v = load_velocity(s) or new_velocity(now)
 local before = v[OPEN_UNTIL]
 local _, verdict = record(v, amount, now, velocity_params(ARGV[2]))
-save(KEYS[1], ttl, s, v, nil)
+save(KEYS[1], ttl_text(ttl), s, v, nil)
 announce_trip(KEYS[1], v, before, now)
 return verdict
