@@ -42,6 +42,7 @@ __all__ = [
     "call_facts",
     "decided",
     "install",
+    "loop_passed",
     "metered",
     "store_failed",
 ]
@@ -123,6 +124,31 @@ def decided(
     for observer in watchers:
         try:
             observer.decided(fuse, op, decision, seconds)
+        except Exception as exc:
+            _failing(observer, exc)
+
+
+def loop_passed(
+    watchers: tuple[DecisionObserver, ...],
+    fuse: Fuse,
+    op: Op[Any],
+    decision: Callable[[], Decision],
+    seconds: float,
+) -> None:
+    """``decided`` for a failure-loop check allowed with nothing to report (``op``: a
+    ``CheckLoops``), which observers count and nothing more: an observer with a
+    ``loop_passed(fuse, op, seconds)`` method (``Tally``) is told so, and needs no
+    ``Decision``; the others get ``decision()``'s, made once, as ``decided`` gives it."""
+    made: Decision | None = None
+    for observer in watchers:
+        try:
+            quick = getattr(observer, "loop_passed", None)
+            if quick is not None:
+                quick(fuse, op, seconds)
+                continue
+            if made is None:
+                made = decision()
+            observer.decided(fuse, op, made, seconds)
         except Exception as exc:
             _failing(observer, exc)
 

@@ -52,17 +52,29 @@ class Plan:
     leases: Leases | None = None  # admit from leases (``lease=True``), else from the fuse
 
     def admit(self) -> Decision:
-        admitter = self.leases or self.fuse
-        return admitter.admit(self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket)
+        leases = self.leases
+        if leases is not None:
+            return leases.admit(
+                self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
+            )
+        fuse, identity = self.fuse, self.identity
+        # ``Fuse.admit``'s steps, the identity known to be one already (no ``Identity.of``).
+        op = fuse._admit_op(identity, self.cost, self.amount, self.bucket)
+        return fuse._decide(identity, op, fuse._admit_decision)
 
     # The a-prefixed steps return the fuse's (or the leases') coroutine for the caller to
     # await, rather than awaiting it in one of their own: a coroutine more per request would
-    # be made, and every suspension on the store's socket passes through each one.
+    # be made, and every suspension on the store's socket passes through each one. For the
+    # same reason the fuse's ``_adecide`` is returned, not ``Fuse.aadmit``'s coroutine around it.
     def aadmit(self) -> Awaitable[Decision]:
-        admitter = self.leases or self.fuse
-        return admitter.aadmit(
-            self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        leases = self.leases
+        if leases is not None:
+            return leases.aadmit(
+                self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
+            )
+        fuse, identity = self.fuse, self.identity
+        op = fuse._admit_op(identity, self.cost, self.amount, self.bucket)
+        return fuse._adecide(identity, op, fuse._admit_decision)
 
     def admit_with(self, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
         """``admit`` from the fuse, with ``ops`` in the same round trip (``Fuse.admit_with``)."""
@@ -147,6 +159,8 @@ class InboundGuard:
             self.leases = Leases(self.fuse, lease)
         loops = options.failure_loops
         self.loops = InboundLoops(self.fuse, loops) if loops is not None else None
+        #: What the fuse's store answers without a round trip (``RedisStore.known``), or None.
+        self._known = self.fuse._known
 
     # -- per request -------------------------------------------------------------------------
 
@@ -194,24 +208,40 @@ class InboundGuard:
     def admit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
         """Admit the request and check it for loops, in one round trip (``body``: what the
         breaker fingerprints, read before admission)."""
-        check = self._loop_check(plan, request, body)
-        if check is None or plan.leases is not None:
-            return Admission(plan.admit(), check)
-        decision, found = plan.admit_with((check.op,))
-        return Admission(decision, check, True, found[0] if found else None)
-
-    async def aadmit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
-        check = self._loop_check(plan, request, body)
-        if check is None or plan.leases is not None:
-            return Admission(await plan.aadmit(), check)
-        decision, found = await plan.aadmit_with((check.op,))
-        return Admission(decision, check, True, found[0] if found else None)
-
-    def _loop_check(self, plan: Plan, request: RequestView, body: bytes | None) -> LoopCheck | None:
         loops = self.loops
         if loops is None:
-            return None
-        return loops.prepare(plan.identity, request, _query_of(request), body)
+            return Admission(plan.admit())
+        check = loops.prepare(plan.identity, request, _query_of(request), body)
+        if plan.leases is not None:
+            return Admission(plan.admit(), check)
+        found = self._known_alone(check)
+        if found is not None:
+            decision = plan.admit()
+            return Admission(decision, check, True, None if decision.degraded else found)
+        decision, results = plan.admit_with((check.op,))
+        return Admission(decision, check, True, results[0] if results else None)
+
+    async def aadmit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
+        loops = self.loops
+        if loops is None:
+            return Admission(await plan.aadmit())
+        check = loops.prepare(plan.identity, request, _query_of(request), body)
+        if plan.leases is not None:
+            return Admission(await plan.aadmit(), check)
+        found = self._known_alone(check)
+        if found is not None:
+            decision = await plan.aadmit()
+            return Admission(decision, check, True, None if decision.degraded else found)
+        decision, results = await plan.aadmit_with((check.op,))
+        return Admission(decision, check, True, results[0] if results else None)
+
+    def _known_alone(self, check: LoopCheck) -> Any:
+        """The check's verdict when the store answers it without a round trip (its open-key
+        view), else None. Then the admission goes alone, as ``Fuse.admit_with`` would send it
+        (``Fuse._known_alone``), asked here so that the request skips that call's layers;
+        the view's answer is dropped when the admission fails (``degraded``), as there."""
+        known = self._known
+        return None if known is None else known(check.op)
 
     def check_loops(
         self, plan: Plan, admission: Admission, request: RequestView
