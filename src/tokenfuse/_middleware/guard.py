@@ -103,12 +103,6 @@ class Admission:
     sent: bool = False
     found: Any = None
 
-    @property
-    def settled(self) -> bool:
-        """Whether the loop check needs nothing more of the store: there is none, or its
-        verdict came with the admission. ``check_loops`` then decides it without awaiting."""
-        return self.sent or self.check is None
-
 
 @dataclass(slots=True)
 class Outcome:
@@ -254,6 +248,8 @@ class InboundGuard:
             return None, None
         if admission.sent:
             decision, watch = loops.concluded(plan.identity, check, admission.found)
+            if decision is None:  # most calls: nothing to refuse
+                return watch, None
         else:
             decision, watch = loops.check(plan.identity, check)
         return watch, self._loop_reply(plan, decision, request)
@@ -266,6 +262,8 @@ class InboundGuard:
             return None, None
         if admission.sent:
             decision, watch = loops.concluded(plan.identity, check, admission.found)
+            if decision is None:
+                return watch, None
         else:
             decision, watch = await loops.acheck(plan.identity, check)
         return watch, self._loop_reply(plan, decision, request)

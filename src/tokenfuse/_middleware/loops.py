@@ -105,7 +105,7 @@ class LoopCall:
         success with no failures to end), which the ASGI shell then does not await."""
         if self.noted or status == 429:
             return False
-        return self.needs_success or is_failure(status)
+        return self.needs_success or status >= 400  # ``is_failure``: 429 is ruled out above
 
     def outcome(self, status: int) -> tuple[bool, int] | None:
         """(failed, status) to note, or None: nothing to note (noted already, or a success

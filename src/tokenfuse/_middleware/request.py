@@ -57,7 +57,10 @@ class AsgiRequest(RequestView):
     __slots__ = ("_headers",)
 
     def __init__(self, scope: MutableMapping[str, Any]) -> None:
-        super().__init__(scope.get("method", "GET"), scope.get("path", "/"), scope)
+        # ``RequestView.__init__``'s three fields, set here: one call fewer on every request.
+        self.method = scope.get("method", "GET")
+        self.path = scope.get("path", "/")
+        self.raw = scope
         self._headers: dict[bytes, list[_Raw]] | None = None
 
     def header(self, name: str) -> str | None:
