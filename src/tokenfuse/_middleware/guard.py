@@ -22,7 +22,7 @@ from .._identity import Identity
 from .._leases import Leases
 from .._loops import LoopCheck
 from .._settings import current as current_settings
-from .._stores.ops import Op
+from .._stores.ops import Admit, Op
 from .._throttle import Throttle
 from .clients import ClientAddress
 from .defaults import default_inbound_fuse
@@ -57,10 +57,15 @@ class Plan:
             return leases.admit(
                 self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
             )
-        fuse, identity = self.fuse, self.identity
-        # ``Fuse.admit``'s steps, the identity known to be one already (no ``Identity.of``).
-        op = fuse._admit_op(identity, self.cost, self.amount, self.bucket)
-        return fuse._decide(identity, op, fuse._admit_decision)
+        return self.fuse._decide(self.identity, self._admit_op(), self.fuse._admit_decision)
+
+    def _admit_op(self) -> Admit:
+        """``Fuse._admit_op``'s operation, made here: the identity is one already (no
+        ``Identity.of``), and the numbers were checked once, by the options (``cost_rule``:
+        a finite, non-negative float; ``amount``: 1.0 or 0.0), so not again per request."""
+        fuse = self.fuse
+        return Admit(fuse._key(self.identity), self.cost, self.amount, fuse.velocity,
+                     self.bucket or fuse.bucket)  # fmt: skip
 
     # The a-prefixed steps return the fuse's (or the leases') coroutine for the caller to
     # await, rather than awaiting it in one of their own: a coroutine more per request would
@@ -72,20 +77,17 @@ class Plan:
             return leases.aadmit(
                 self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
             )
-        fuse, identity = self.fuse, self.identity
-        op = fuse._admit_op(identity, self.cost, self.amount, self.bucket)
-        return fuse._adecide(identity, op, fuse._admit_decision)
+        return self.fuse._adecide(self.identity, self._admit_op(), self.fuse._admit_decision)
 
     def admit_with(self, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
-        """``admit`` from the fuse, with ``ops`` in the same round trip (``Fuse.admit_with``)."""
-        return self.fuse.admit_with(
-            self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        """``admit`` from the fuse, with ``ops`` in the same round trip (``Fuse.admit_with``'s
+        steps, as ``admit`` takes ``Fuse.admit``'s)."""
+        fuse = self.fuse
+        return fuse._decide_with(self.identity, self._admit_op(), ops, fuse._admit_decision)
 
     def aadmit_with(self, ops: Sequence[Op[Any]]) -> Awaitable[tuple[Decision, list[Any] | None]]:
-        return self.fuse.aadmit_with(
-            self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        fuse = self.fuse
+        return fuse._adecide_with(self.identity, self._admit_op(), ops, fuse._admit_decision)
 
 
 @dataclass(slots=True)
