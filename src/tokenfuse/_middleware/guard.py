@@ -162,12 +162,13 @@ class InboundGuard:
 
     def plan(self, request: RequestView) -> Plan | None:
         """What to check for this request; None when it is not guarded."""
-        if self._excluded(request):
+        excluded, tier_of = self._excluded, self._tier_of  # None: the option asks nothing
+        if excluded is not None and excluded(request):
             return None
         identity = self._identify(request) or self._nobody(request)
         if identity is None:
             return None
-        tier = self._tier_of(request, identity)
+        tier = tier_of(request, identity) if tier_of is not None else None
         return Plan(self.fuse, identity, tier, self._cost_of(request), self._amount, self.leases)
 
     def settle(self, plan: Plan, decision: Decision, request: RequestView) -> Outcome:

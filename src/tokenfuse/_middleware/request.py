@@ -64,7 +64,12 @@ class AsgiRequest(RequestView):
         self._headers: dict[bytes, list[_Raw]] | None = None
 
     def header(self, name: str) -> str | None:
-        values = self._values(name)
+        # ``_values``, inlined: a request's options and the middleware look up several headers
+        # (its credential, its run, whether it has a body), so a call fewer for each.
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = _header_map(self.raw.get("headers"))
+        values = headers.get(_asgi_name(name))
         return bytes(values[0]).decode("latin-1") if values else None
 
     def header_list(self, name: str) -> str | None:
