@@ -115,7 +115,9 @@ class Tally:
     def decided(self, fuse: Fuse, op: Op[Any], decision: Decision, seconds: float) -> None:
         name = fuse.name
         with self._lock:
-            series = self._timed(fuse, op, seconds)
+            series = self._series.get((name, op.name)) or self._new_series(fuse, op)
+            series.latency[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+            series.total += seconds
             if decision.degraded:
                 series.degraded += 1
                 return
@@ -151,18 +153,18 @@ class Tally:
         no ``Decision`` made for it. Allowed, it closes the key, as ``decided`` does; a loop
         step's rate stands for nothing (``_LOOP_OPS``), so nothing more is kept."""
         with self._lock:
-            self._timed(fuse, op, seconds).allowed += 1
+            series = self._series.get((fuse.name, op.name)) or self._new_series(fuse, op)
+            series.latency[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+            series.total += seconds
+            series.allowed += 1
             if op.key in self._open:
                 del self._open[op.key]
 
-    def _timed(self, fuse: Fuse, op: Op[Any], seconds: float) -> _Series:
-        """The series of ``op`` on ``fuse``, its latency counted (under the lock)."""
-        series = self._series.get((fuse.name, op.name))
-        if series is None:
-            series = _Series(_layer(fuse, op.name), fuse.name, op.name)
-            self._series[(fuse.name, op.name)] = series
-        series.latency[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        series.total += seconds
+    def _new_series(self, fuse: Fuse, op: Op[Any]) -> _Series:
+        """The series of ``op`` on ``fuse``, made at its first decision (under the lock)."""
+        series = self._series[(fuse.name, op.name)] = _Series(
+            _layer(fuse, op.name), fuse.name, op.name
+        )
         return series
 
     def _refused(self, series: _Series, key: str, decision: Decision) -> None:
