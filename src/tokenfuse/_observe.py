@@ -60,7 +60,9 @@ class CallFacts:
 
 
 class DecisionObserver(Protocol):
-    """Watches every decision; must be quick and must not do I/O."""
+    """Watches every decision; must be quick and must not do I/O. One that also has
+    ``loop_passed(fuse, op, seconds)`` is told of a plain failure-loop check that way, with
+    no ``Decision`` made for it (``loop_passed`` below; ``Tally`` has one)."""
 
     def decided(self, fuse: Fuse, op: Op[Any], decision: Decision, seconds: float) -> None: ...
 
