@@ -4,18 +4,20 @@
 # and MANY calls, after the same warm-up); the difference divided by MANY - FEW is one call's
 # instructions, start-up excluded.
 #
-#     bash benchmarks/instructions.sh            # JSON calls: 10 vs 510; streams: 2 vs 22
-#     bash benchmarks/instructions.sh middleware # requests: 20 vs 220
-#     bash benchmarks/instructions.sh sync [url] # sync PING, run(Record), Fuse.record: 100 vs 1100
-#                                                # (from_url's client; plain-: a plain redis.Redis)
+#     bash benchmarks/instructions.sh                  # JSON calls: 10 vs 510; streams: 2 vs 22
+#     bash benchmarks/instructions.sh middleware [url] # requests: 20 vs 220
+#     bash benchmarks/instructions.sh sync [url]       # sync PING, run(Record), Fuse.record:
+#                                                      # 100 vs 1100 (from_url's client;
+#                                                      # plain-: a plain redis.Redis)
 #
 # Needs valgrind. The transport: MemoryStore, over httpx.MockTransport (bench_transport.py
 # --just-calls); the guard as it comes (the failure-loop breaker on) and with
 # failure_loops=None. The middleware: a bare Starlette endpoint and TokenFuse in front of it on
-# MemoryStore and on RedisStore (bench_middleware.py --just-requests; Redis from --redis's
-# default, database 15), the breaker on and off; on Redis the count includes redis-py's and the
-# event loop's work for the round trip. Then the floor, calls alone: an async PING, and the
-# Admit script's EVALSHA (with CheckLoops in one round trip) sent bare by redis-py.
+# MemoryStore and on RedisStore (bench_middleware.py --just-requests; Redis at [url], database
+# 15 of the local server by default), the breaker on and off; on Redis the count includes
+# redis-py's and the event loop's work for the round trip. Then the floor, calls alone: an
+# async PING, and the Admit script's EVALSHA (with CheckLoops in one round trip) sent bare by
+# redis-py.
 #
 # Instructions are not time: a tight loop (httpx handing on an in-memory stream's chunks) runs
 # two to three times as many a nanosecond as the guard's code and its byte searches do, so a
@@ -48,12 +50,14 @@ if [[ ${1:-} == sync ]]; then # bash benchmarks/instructions.sh sync [redis-url]
   exit 0
 fi
 
-if [[ ${1:-} == middleware ]]; then
+if [[ ${1:-} == middleware ]]; then # bash benchmarks/instructions.sh middleware [redis-url]
   requests() { # case requests -> instructions of the whole run
-    valgrind --tool=callgrind --callgrind-out-file="$work/out" \
-      "$python" benchmarks/bench_middleware.py --just-requests "$1" "$2" >/dev/null 2>"$work/err"
+    valgrind --tool=callgrind --callgrind-out-file="$work/out" "$python" \
+      benchmarks/bench_middleware.py --redis "${url:-redis://127.0.0.1:6379/15}" \
+      --just-requests "$1" "$2" >/dev/null 2>"$work/err"
     awk '/^(summary|totals):/ {print $2; exit}' "$work/out"
   }
+  url=${2:-}
   echo "| case | instructions per request | added to the bare endpoint |"
   echo "|---|---:|---:|"
   bare=0

@@ -32,7 +32,7 @@ from ._errors import ConfigurationError, FailureLoop
 from ._events import FuseEvent
 from ._fuse import Decision, Fuse, default_fuse
 from ._identity import Identity
-from ._observe import WATCHERS, decided
+from ._observe import WATCHERS, decided, loop_passed
 from ._stores.ops import CheckLoops, ForgetLoops, NoteLoop, NoteLoopBatch
 
 __all__ = [
@@ -412,15 +412,20 @@ class LoopBreaker:
 
     def passed(self, identity: Identity, check: LoopCheck, verdict: LoopVerdict) -> None:
         """``concluded`` for a verdict with nothing to refuse nor to report (``plain``), for a
-        caller that needs no decision (the middleware): one is made only when decisions are
-        observed, as ``concluded`` reports it. The store's health is left alone: the step the
-        check rode with (the admission) has just recorded that the store answered."""
+        caller that needs no decision (the middleware): observers count it as ``concluded``
+        reports it, a ``Decision`` made only for one that needs it (``_observe.loop_passed``).
+        The store's health is left alone: the step the check rode with (the admission) has
+        just recorded that the store answered."""
         watchers = WATCHERS.decisions
         if watchers and check.started:
-            limit = float(self.limit_of(verdict.reason))
-            decision = Decision(key=identity.label, key_id=self.fuse._id(identity),
+            seconds = perf_counter() - check.started
+
+            def decision() -> Decision:  # for an observer with no ``loop_passed``
+                limit = float(self.limit_of(verdict.reason))
+                return Decision(key=identity.label, key_id=self.fuse._id(identity),
                                 allowed=True, rate=verdict.count, limit=limit)  # fmt: skip
-            decided(watchers, self.fuse, check.op, decision, perf_counter() - check.started)
+
+            loop_passed(watchers, self.fuse, check.op, decision, seconds)
 
     def note(
         self, identity: Identity, call: CallName, failed: bool, status: int = 0, error: str = ""

@@ -42,6 +42,7 @@ __all__ = [
     "call_facts",
     "decided",
     "install",
+    "loop_passed",
     "metered",
     "store_failed",
 ]
@@ -59,7 +60,9 @@ class CallFacts:
 
 
 class DecisionObserver(Protocol):
-    """Watches every decision; must be quick and must not do I/O."""
+    """Watches every decision; must be quick and must not do I/O. One that also has
+    ``loop_passed(fuse, op, seconds)`` is told of a plain failure-loop check that way, with
+    no ``Decision`` made for it (``loop_passed`` below; ``Tally`` has one)."""
 
     def decided(self, fuse: Fuse, op: Op[Any], decision: Decision, seconds: float) -> None: ...
 
@@ -123,6 +126,31 @@ def decided(
     for observer in watchers:
         try:
             observer.decided(fuse, op, decision, seconds)
+        except Exception as exc:
+            _failing(observer, exc)
+
+
+def loop_passed(
+    watchers: tuple[DecisionObserver, ...],
+    fuse: Fuse,
+    op: Op[Any],
+    decision: Callable[[], Decision],
+    seconds: float,
+) -> None:
+    """``decided`` for a failure-loop check allowed with nothing to report (``op``: a
+    ``CheckLoops``), which observers count and nothing more: an observer with a
+    ``loop_passed(fuse, op, seconds)`` method (``Tally``) is told so, and needs no
+    ``Decision``; the others get ``decision()``'s, made once, as ``decided`` gives it."""
+    made: Decision | None = None
+    for observer in watchers:
+        try:
+            quick = getattr(observer, "loop_passed", None)
+            if quick is not None:
+                quick(fuse, op, seconds)
+                continue
+            if made is None:
+                made = decision()
+            observer.decided(fuse, op, made, seconds)
         except Exception as exc:
             _failing(observer, exc)
 

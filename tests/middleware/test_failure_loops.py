@@ -446,3 +446,58 @@ def test_a_bodiless_call_s_check_is_made_once_per_caller_and_route_and_bounded()
         prepare(f"/items/{at}", b"")
     assert loops._bodiless.cache_info().currsize == NAMES_KEPT
     assert prepare("/tools/a", b"x=1&y=2").op == first.op  # made again, the same
+
+
+class KnownLoopsFailingAdmits(MemoryStore):
+    """A store whose view answers every loop check (``known``, as ``RedisStore``'s synced
+    open-key view does) and whose admissions fail."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.asked = 0
+
+    def known(self, op: Any) -> Any:
+        from tokenfuse._core.loops import LoopVerdict
+
+        if op.name != "check_loops" or not op.local:
+            return None
+        self.asked += 1
+        return LoopVerdict()
+
+    def run(self, op: Any) -> Any:
+        if op.name == "admit":
+            raise StoreUnavailable("the admission's store call failed")
+        return super().run(op)
+
+    async def arun(self, op: Any) -> Any:
+        return self.run(op)
+
+
+def test_a_failed_admission_drops_the_view_s_loop_verdict(
+    serve: Callable[..., tuple[Call, Served]], clock: Clock
+) -> None:
+    """The admission goes alone when the store's view answers the loop check; when that
+    admission fails (open), the view's verdict is dropped as a failed pipeline's is: the call
+    goes unchecked for loops, and no loop decision is counted for it."""
+    from tokenfuse._fuse import Decision
+    from tokenfuse._observe import install
+
+    seen: list[tuple[str, Decision]] = []
+
+    class Watcher:
+        def decided(self, fuse: Fuse, op: Any, decision: Decision, seconds: float) -> None:
+            seen.append((op.name, decision))
+
+        def store_failed(self, fuse: Fuse, op: Any, error: Exception) -> None:
+            pass
+
+    store = KnownLoopsFailingAdmits(clock=clock)
+    fuse = inbound_fuse(store, bucket=FREE)
+    remove = install(Watcher())
+    try:
+        call, served = serve(fuse=fuse)
+        assert call(GOOD)[0] == 200
+    finally:
+        remove()
+    assert store.asked == 1 and len(served.bodies) == 1
+    assert [(name, decision.degraded) for name, decision in seen] == [("admit", True)]

@@ -509,3 +509,82 @@ def test_a_fuse_works_where_opentelemetry_is_not_installed() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+class DecidedOnly:
+    """An observer with ``decided`` alone (no ``loop_passed``): what a plain failure-loop check
+    counts when its ``Decision`` is made and observed as every other decision is."""
+
+    def __init__(self) -> None:
+        self.tally = Tally(top=5)
+        self.seen: list[tuple[str, Any]] = []
+
+    def decided(self, fuse: Fuse, op: Any, decision: Any, seconds: float) -> None:
+        self.seen.append((op.name, decision))
+        self.tally.decided(fuse, op, decision, seconds)
+
+    def store_failed(self, fuse: Fuse, op: Any, error: Exception) -> None:
+        self.tally.store_failed(fuse, op, error)
+
+
+def test_a_plain_loop_check_counts_as_its_decision_would(clock: Clock) -> None:
+    """The middleware's plain loop checks reach ``Tally.loop_passed`` with no ``Decision``:
+    every count, the latency's too, and the open keys are the ones ``decided`` would give, and
+    an observer without ``loop_passed`` still gets the decision it always got."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from tokenfuse.middleware import TokenFuse
+
+    quick, slow = Tally(top=5), DecidedOnly()
+    removes = [install(quick), install(slow)]
+    try:
+        bucket = BucketPolicy(rate=1, capacity=3)
+        fuse = Fuse(MemoryStore(clock=clock), name="inbound", bucket=bucket, velocity=None)
+        app = Starlette(routes=[Route("/tool", lambda request: PlainTextResponse("ok"))])
+        client = TestClient(TokenFuse(app, fuse=fuse))
+        auth = {"X-API-Key": "sk-agent-0001"}
+        answers = [client.get("/tool", headers=auth).status_code for _ in range(5)]
+        clock.advance(10.0)  # the bucket refilled: the refused key is closed by the next
+        answers.append(client.get("/tool", headers=auth).status_code)
+    finally:
+        for remove in removes:
+            remove()
+    assert answers == [200, 200, 200, 429, 429, 200]
+    assert quick.snapshot() == slow.tally.snapshot()
+    assert quick.open_keys(now=0.0) == slow.tally.open_keys(now=0.0)
+    assert quick.snapshot()["decisions"][("inbound", "inbound", "check_loops", "allowed")] == 4
+    checks = [decision for name, decision in slow.seen if name == "check_loops"]
+    caller = Identity.secret("sk-agent-0001")
+    key_id = fuse.key_id(caller)
+    assert len(checks) == 4
+    for d in checks:
+        assert (d.key, d.key_id, d.allowed, d.error) == (caller.label, key_id, True, None)
+        assert (d.rate, d.limit, d.degraded, d.tripped, d.bucket) == (0.0, 3.0, False, False, None)
+
+
+def test_loop_passed_closes_the_key_as_an_allowed_decision_does() -> None:
+    from dataclasses import replace
+
+    from tokenfuse._errors import CeilingExceeded
+    from tokenfuse._fuse import Decision
+    from tokenfuse._stores.ops import Admit, CheckLoops
+    from tokenfuse._transport import FailureLoopPolicy
+
+    fuse = Fuse(MemoryStore(), name="inbound", bucket=BucketPolicy(rate=1, capacity=3))
+    check = CheckLoops("inbound:k", "0" * 16, FailureLoopPolicy().core, True)
+    admit = Admit("inbound:k", 1.0, 1.0, fuse.velocity, fuse.bucket)
+    error = CeilingExceeded(key="agent", rate=9.0, limit=5.0, retry_after=60.0)
+    refusal = Decision(key="agent", allowed=False, error=error, rate=9.0, limit=5.0)
+    tallies = Tally(), Tally()
+    for tally in tallies:
+        tally.decided(fuse, admit, refusal, 0.001)  # the key opened, for a minute
+    assert tallies[0].open_keys(now=0.0) == tallies[1].open_keys(now=0.0) == {"inbound": 1}
+    tallies[0].loop_passed(fuse, check, 0.00003)
+    tallies[1].decided(fuse, check, Decision(key="agent", allowed=True, limit=3.0), 0.00003)
+    assert tallies[0].open_keys(now=0.0) == tallies[1].open_keys(now=0.0) == {}
+    assert tallies[0].snapshot() == tallies[1].snapshot()
+    busiest = [[replace(key, seen=0.0) for key in tally.busiest(now=0.0)] for tally in tallies]
+    assert busiest[0] == busiest[1] and len(busiest[0]) == 1  # the admission's rate alone

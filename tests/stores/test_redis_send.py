@@ -345,6 +345,19 @@ async def test_a_take_stopped_during_its_check_gives_the_connection_back(
     assert (await store.arun(admit())).allowed
 
 
+def test_packed_words_are_kept_for_few_words_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed words kept per codec (a word per caller's key) are bounded: the table is
+    started again when full, and every command is still packed as redis-py packs it."""
+    from tokenfuse._stores import redis_send
+
+    monkeypatch.setattr(redis_send, "_PACKED_MAX", 8)
+    connection = redis.Connection()
+    for n in range(50):
+        words = ("FCALL", "admit", 1, f"k:{{{n}}}", b"x")
+        assert b"".join(pack(connection, words)) == b"".join(connection.pack_command(*words))
+        assert len(redis_send._PACKED[("utf-8", "strict")]) <= 8
+
+
 def test_pack_leaves_an_encoder_of_another_class_to_pack_command() -> None:
     class Other(Encoder):
         """An encoder of the caller's, which may encode text its own way."""

@@ -393,6 +393,24 @@ def test_a_plain_pool_with_another_released_listener_is_released_redis_pys_way(
     assert calls == {"get_connection": 1, "release": 1} and len(heard) == 1
 
 
+def test_a_released_event_whose_one_listener_is_another_takes_redis_pys_way(
+    plain: tuple[RedisStore, Any],
+) -> None:
+    """The released event's listeners replaced by one that is not redis-py's re-auth: each
+    connection is released redis-py's way, so that it hears every release."""
+    store, pool = plain
+    heard: list[Any] = []
+
+    class Listening(EventListenerInterface):
+        def listen(self, event: object) -> None:
+            heard.append(event)
+
+    pool._event_dispatcher._event_listeners_mapping[AfterConnectionReleasedEvent] = [Listening()]
+    calls = counting_pool(pool)
+    assert store.run(admit()).allowed
+    assert calls == {"get_connection": 1, "release": 1} and len(heard) == 1
+
+
 def test_a_plain_pool_of_another_process_takes_redis_pys_way(
     plain: tuple[RedisStore, Any],
 ) -> None:

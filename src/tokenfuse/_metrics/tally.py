@@ -115,10 +115,7 @@ class Tally:
     def decided(self, fuse: Fuse, op: Op[Any], decision: Decision, seconds: float) -> None:
         name = fuse.name
         with self._lock:
-            series = self._series.get((name, op.name))
-            if series is None:
-                series = _Series(_layer(fuse, op.name), name, op.name)
-                self._series[(name, op.name)] = series
+            series = self._series.get((name, op.name)) or self._new_series(fuse, op)
             series.latency[bisect_left(LATENCY_BUCKETS, seconds)] += 1
             series.total += seconds
             if decision.degraded:
@@ -149,6 +146,26 @@ class Tally:
                 decision.baseline,
                 time.monotonic(),
             )
+
+    def loop_passed(self, fuse: Fuse, op: Op[Any], seconds: float) -> None:
+        """``decided`` for a failure-loop check allowed with nothing to report (the
+        middleware's most frequent decision, ``_observe.loop_passed``): the same counts, with
+        no ``Decision`` made for it. Allowed, it closes the key, as ``decided`` does; a loop
+        step's rate stands for nothing (``_LOOP_OPS``), so nothing more is kept."""
+        with self._lock:
+            series = self._series.get((fuse.name, op.name)) or self._new_series(fuse, op)
+            series.latency[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+            series.total += seconds
+            series.allowed += 1
+            if op.key in self._open:
+                del self._open[op.key]
+
+    def _new_series(self, fuse: Fuse, op: Op[Any]) -> _Series:
+        """The series of ``op`` on ``fuse``, made at its first decision (under the lock)."""
+        series = self._series[(fuse.name, op.name)] = _Series(
+            _layer(fuse, op.name), fuse.name, op.name
+        )
+        return series
 
     def _refused(self, series: _Series, key: str, decision: Decision) -> None:
         error = decision.error

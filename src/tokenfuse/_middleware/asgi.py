@@ -12,13 +12,14 @@ from typing import Any
 
 from .._errors import StoreUnavailable
 from .._leases import Leases
+from .._runs.context import bind_run_id
 from .guard import Outcome
 from .loops import has_body, read_asgi_body
 from .mcp.mode import McpMode
 from .reply import Headers, Reply, unavailable
 from .report import parse_amount
 from .request import AsgiRequest
-from .run_binding import run_of
+from .run_binding import run_id_of
 from .shell import InboundMiddleware
 
 __all__ = ["TokenFuse"]
@@ -34,7 +35,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def _encode(headers: Headers) -> list[tuple[bytes, bytes]]:
-    return [(_name(name), value.encode("latin-1", "replace")) for name, value in headers]
+    encoded = []  # a loop, not a list comprehension: no frame of its own on every request
+    for name, value in headers:
+        encoded.append((_name(name), value.encode("latin-1", "replace")))
+    return encoded
 
 
 @lru_cache(maxsize=256)  # the few names of the middleware's own headers and a refusal's
@@ -99,7 +103,11 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
             await self._guarded(scope, receive, send, AsgiRequest(scope))
             return
         request = AsgiRequest(scope)
-        with run_of(request):  # run budgets: the caller's run, bound for the handler
+        run_id = run_id_of(request)  # run budgets: the caller's run, bound for the handler
+        if run_id is None:  # most requests: no context to enter and leave (``run_of``'s)
+            await self._guarded(scope, receive, send, request)
+            return
+        with bind_run_id(run_id):
             await self._guarded(scope, receive, send, request)
 
     async def _guarded(
@@ -129,13 +137,15 @@ class TokenFuse(InboundMiddleware[ASGIApp]):
         if outcome.reply is not None:
             await _send_reply(send, outcome.reply)
             return
-        if admission.settled:  # the verdict came with the admission: nothing to await
-            watch, reply = self.guard.check_loops(plan, admission, request)
-        else:
-            watch, reply = await self.guard.acheck_loops(plan, admission, request)
-        if reply is not None:
-            await _send_reply(send, reply)
-            return
+        watch = None
+        if admission.check is not None:  # the breaker is on: its verdict, or its check now
+            if admission.sent:  # the verdict came with the admission: nothing to await
+                watch, reply = self.guard.check_loops(plan, admission, request)
+            else:
+                watch, reply = await self.guard.acheck_loops(plan, admission, request)
+            if reply is not None:
+                await _send_reply(send, reply)
+                return
         send = self._with_headers(send, outcome, scope if watch is not None else None)
         report = outcome.report
         try:

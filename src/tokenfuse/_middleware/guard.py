@@ -22,7 +22,7 @@ from .._identity import Identity
 from .._leases import Leases
 from .._loops import LoopCheck
 from .._settings import current as current_settings
-from .._stores.ops import Op
+from .._stores.ops import Admit, Op
 from .._throttle import Throttle
 from .clients import ClientAddress
 from .defaults import default_inbound_fuse
@@ -52,28 +52,42 @@ class Plan:
     leases: Leases | None = None  # admit from leases (``lease=True``), else from the fuse
 
     def admit(self) -> Decision:
-        admitter = self.leases or self.fuse
-        return admitter.admit(self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket)
+        leases = self.leases
+        if leases is not None:
+            return leases.admit(
+                self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
+            )
+        return self.fuse._decide(self.identity, self._admit_op(), self.fuse._admit_decision)
+
+    def _admit_op(self) -> Admit:
+        """``Fuse._admit_op``'s operation, made here: the identity is one already (no
+        ``Identity.of``), and the numbers were checked once, by the options (``cost_rule``:
+        a finite, non-negative float; ``amount``: 1.0 or 0.0), so not again per request."""
+        fuse = self.fuse
+        return Admit(fuse._key(self.identity), self.cost, self.amount, fuse.velocity,
+                     self.bucket or fuse.bucket)  # fmt: skip
 
     # The a-prefixed steps return the fuse's (or the leases') coroutine for the caller to
     # await, rather than awaiting it in one of their own: a coroutine more per request would
-    # be made, and every suspension on the store's socket passes through each one.
+    # be made, and every suspension on the store's socket passes through each one. For the
+    # same reason the fuse's ``_adecide`` is returned, not ``Fuse.aadmit``'s coroutine around it.
     def aadmit(self) -> Awaitable[Decision]:
-        admitter = self.leases or self.fuse
-        return admitter.aadmit(
-            self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        leases = self.leases
+        if leases is not None:
+            return leases.aadmit(
+                self.identity, cost=self.cost, amount=self.amount, bucket=self.bucket
+            )
+        return self.fuse._adecide(self.identity, self._admit_op(), self.fuse._admit_decision)
 
     def admit_with(self, ops: Sequence[Op[Any]]) -> tuple[Decision, list[Any] | None]:
-        """``admit`` from the fuse, with ``ops`` in the same round trip (``Fuse.admit_with``)."""
-        return self.fuse.admit_with(
-            self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        """``admit`` from the fuse, with ``ops`` in the same round trip (``Fuse.admit_with``'s
+        steps, as ``admit`` takes ``Fuse.admit``'s)."""
+        fuse = self.fuse
+        return fuse._decide_with(self.identity, self._admit_op(), ops, fuse._admit_decision)
 
     def aadmit_with(self, ops: Sequence[Op[Any]]) -> Awaitable[tuple[Decision, list[Any] | None]]:
-        return self.fuse.aadmit_with(
-            self.identity, ops, cost=self.cost, amount=self.amount, bucket=self.bucket
-        )
+        fuse = self.fuse
+        return fuse._adecide_with(self.identity, self._admit_op(), ops, fuse._admit_decision)
 
 
 @dataclass(slots=True)
@@ -90,12 +104,6 @@ class Admission:
     check: LoopCheck | None = None
     sent: bool = False
     found: Any = None
-
-    @property
-    def settled(self) -> bool:
-        """Whether the loop check needs nothing more of the store: there is none, or its
-        verdict came with the admission. ``check_loops`` then decides it without awaiting."""
-        return self.sent or self.check is None
 
 
 @dataclass(slots=True)
@@ -147,17 +155,20 @@ class InboundGuard:
             self.leases = Leases(self.fuse, lease)
         loops = options.failure_loops
         self.loops = InboundLoops(self.fuse, loops) if loops is not None else None
+        #: What the fuse's store answers without a round trip (``RedisStore.known``), or None.
+        self._known = self.fuse._known
 
     # -- per request -------------------------------------------------------------------------
 
     def plan(self, request: RequestView) -> Plan | None:
         """What to check for this request; None when it is not guarded."""
-        if self._excluded(request):
+        excluded, tier_of = self._excluded, self._tier_of  # None: the option asks nothing
+        if excluded is not None and excluded(request):
             return None
         identity = self._identify(request) or self._nobody(request)
         if identity is None:
             return None
-        tier = self._tier_of(request, identity)
+        tier = tier_of(request, identity) if tier_of is not None else None
         return Plan(self.fuse, identity, tier, self._cost_of(request), self._amount, self.leases)
 
     def settle(self, plan: Plan, decision: Decision, request: RequestView) -> Outcome:
@@ -194,24 +205,40 @@ class InboundGuard:
     def admit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
         """Admit the request and check it for loops, in one round trip (``body``: what the
         breaker fingerprints, read before admission)."""
-        check = self._loop_check(plan, request, body)
-        if check is None or plan.leases is not None:
-            return Admission(plan.admit(), check)
-        decision, found = plan.admit_with((check.op,))
-        return Admission(decision, check, True, found[0] if found else None)
-
-    async def aadmit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
-        check = self._loop_check(plan, request, body)
-        if check is None or plan.leases is not None:
-            return Admission(await plan.aadmit(), check)
-        decision, found = await plan.aadmit_with((check.op,))
-        return Admission(decision, check, True, found[0] if found else None)
-
-    def _loop_check(self, plan: Plan, request: RequestView, body: bytes | None) -> LoopCheck | None:
         loops = self.loops
         if loops is None:
-            return None
-        return loops.prepare(plan.identity, request, _query_of(request), body)
+            return Admission(plan.admit())
+        check = loops.prepare(plan.identity, request, _query_of(request), body)
+        if plan.leases is not None:
+            return Admission(plan.admit(), check)
+        found = self._known_alone(check)
+        if found is not None:
+            decision = plan.admit()
+            return Admission(decision, check, True, None if decision.degraded else found)
+        decision, results = plan.admit_with((check.op,))
+        return Admission(decision, check, True, results[0] if results else None)
+
+    async def aadmit(self, plan: Plan, request: RequestView, body: bytes | None) -> Admission:
+        loops = self.loops
+        if loops is None:
+            return Admission(await plan.aadmit())
+        check = loops.prepare(plan.identity, request, _query_of(request), body)
+        if plan.leases is not None:
+            return Admission(await plan.aadmit(), check)
+        found = self._known_alone(check)
+        if found is not None:
+            decision = await plan.aadmit()
+            return Admission(decision, check, True, None if decision.degraded else found)
+        decision, results = await plan.aadmit_with((check.op,))
+        return Admission(decision, check, True, results[0] if results else None)
+
+    def _known_alone(self, check: LoopCheck) -> Any:
+        """The check's verdict when the store answers it without a round trip (its open-key
+        view), else None. Then the admission goes alone, as ``Fuse.admit_with`` would send it
+        (``Fuse._known_alone``), asked here so that the request skips that call's layers;
+        the view's answer is dropped when the admission fails (``degraded``), as there."""
+        known = self._known
+        return None if known is None else known(check.op)
 
     def check_loops(
         self, plan: Plan, admission: Admission, request: RequestView
@@ -224,6 +251,8 @@ class InboundGuard:
             return None, None
         if admission.sent:
             decision, watch = loops.concluded(plan.identity, check, admission.found)
+            if decision is None:  # most calls: nothing to refuse
+                return watch, None
         else:
             decision, watch = loops.check(plan.identity, check)
         return watch, self._loop_reply(plan, decision, request)
@@ -236,6 +265,8 @@ class InboundGuard:
             return None, None
         if admission.sent:
             decision, watch = loops.concluded(plan.identity, check, admission.found)
+            if decision is None:
+                return watch, None
         else:
             decision, watch = await loops.acheck(plan.identity, check)
         return watch, self._loop_reply(plan, decision, request)

@@ -51,6 +51,7 @@ import functools
 import io
 import logging
 from collections.abc import Callable, Iterable
+from time import perf_counter
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -59,6 +60,7 @@ from .._errors import StoreUnavailable
 from .._fuse import Decision, Fuse
 from .._identity import Identity
 from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, plain
+from .._observe import WATCHERS
 from .._stores.ops import CheckLoops
 from .mcp.body import Receive, read_body
 from .request import RequestView
@@ -103,7 +105,7 @@ class LoopCall:
         success with no failures to end), which the ASGI shell then does not await."""
         if self.noted or status == 429:
             return False
-        return self.needs_success or is_failure(status)
+        return self.needs_success or status >= 400  # ``is_failure``: 429 is ruled out above
 
     def outcome(self, status: int) -> tuple[bool, int] | None:
         """(failed, status) to note, or None: nothing to note (noted already, or a success
@@ -136,9 +138,11 @@ class InboundLoops:
         """The request's check, to send with its admission (``Fuse.admit_with``)."""
         breaker = self.breaker
         if body is None and isinstance(query, (bytes, str)):  # hashable: a cache key
-            key = breaker.fuse._key(identity)
-            call, op = self._bodiless(key, request.method, request.path, query)
-            return breaker.prepare(identity, call, self.local, op)
+            call, op = self._bodiless(
+                breaker.fuse._key(identity), request.method, request.path, query
+            )
+            # ``breaker.prepare``'s check, its operation made already (one call fewer).
+            return LoopCheck(call, op, perf_counter() if WATCHERS.decisions else 0.0)
         return breaker.prepare(identity, self.name(request, query, body), self.local)
 
     def _bodiless_check(
@@ -157,7 +161,8 @@ class InboundLoops:
         if verdict is None:
             return None, LoopCall(identity, check.call, None)
         if plain(verdict):  # most calls: no decision to act on (the metrics still count it)
-            self.breaker.passed(identity, check, verdict)
+            if check.started:  # observed (``passed`` counts it): else there is nothing to do
+                self.breaker.passed(identity, check, verdict)
             return None, LoopCall(identity, check.call, verdict)
         decision = self.breaker.concluded(identity, check, verdict, report=False)
         return decision, LoopCall(identity, check.call, verdict)

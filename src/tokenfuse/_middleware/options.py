@@ -242,16 +242,17 @@ def cost_rule(cost: Cost) -> Callable[[RequestView], float]:
     return lambda _request: fixed
 
 
-def exclude_rule(exclude: Exclude) -> Callable[[RequestView], bool]:
-    """The ``exclude`` option as ``request -> bool``; a broken predicate guards the request
-    (guarded is the safe side)."""
+def exclude_rule(exclude: Exclude) -> Callable[[RequestView], bool] | None:
+    """The ``exclude`` option as ``request -> bool``, or None when it excludes nothing (the
+    default: no call to make per request); a broken predicate guards the request (guarded
+    is the safe side)."""
     if callable(exclude):
         return _guarded(exclude, "exclude", bool, False)
     if isinstance(exclude, str):
         raise ConfigurationError("exclude takes a list of paths, not one string")
     prefixes = tuple(exclude)
     if not prefixes:
-        return lambda _request: False
+        return None
     return lambda request: any(_under(request.path, prefix) for prefix in prefixes)
 
 
@@ -261,11 +262,14 @@ def _policy_or_none(value: object) -> BucketPolicy | None:
     raise _Rejected(value, "a BucketPolicy or None")
 
 
-def tiers_rule(tiers: Tiers | None) -> Callable[[RequestView, Identity], BucketPolicy | None]:
+def tiers_rule(
+    tiers: Tiers | None,
+) -> Callable[[RequestView, Identity], BucketPolicy | None] | None:
     """The ``tiers`` option as ``(request, identity) -> BucketPolicy | None`` (None: the
-    fuse's own bucket); an error or a value that is not a ``BucketPolicy`` is None."""
+    fuse's own bucket), or None when there are no tiers (no call to make per request); an
+    error or a value that is not a ``BucketPolicy`` is None."""
     if tiers is None:
-        return lambda _request, _identity: None
+        return None
     if callable(tiers):
         return _guarded(tiers, "tiers", _policy_or_none, None)
     by_identity: dict[Identity, BucketPolicy] = {}

@@ -42,7 +42,10 @@ def run_id_of(request: RequestView) -> str | None:
     """The run id the request carries, if any and valid."""
     raw = request.header(_RUN_HEADER)
     if raw is None:
-        raw = _from_baggage(request.header_list("baggage"))
+        baggage = request.header_list("baggage")
+        if baggage is None:  # most requests: neither header
+            return None
+        raw = _from_baggage(baggage)
     if raw is None:
         return None
     run_id = checked_run_id(raw.strip())

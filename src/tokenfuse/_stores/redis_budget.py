@@ -289,6 +289,8 @@ def only_reauth_listens(pool: Any, released: type, reauth: type) -> bool:
     sends that one through ``release``): nothing else needs the event dispatched."""
     dispatcher: Any = pool._event_dispatcher
     listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(released, [None])
+    if len(listeners) == 1:  # the usual one (redis-py's own), asked with no generator made:
+        return type(listeners[0]) is reauth  # this is asked twice a decision
     return all(type(listener) is reauth for listener in listeners)
 
 

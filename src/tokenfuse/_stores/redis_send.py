@@ -43,6 +43,13 @@ _REDIS_PY_SEND = getattr(redis.asyncio.connection, "AbstractConnection", None)
 _REDIS_PY_SEND = getattr(_REDIS_PY_SEND, "send_packed_command", None)
 
 
+#: Each codec's packed words (``$<length>\r\n<bytes>\r\n``) of text and whole numbers: a
+#: decision's command is mostly the same few (its command, function, key count and key),
+#: packed once, not on every call. Bytes (the call's arguments, new each time) are not kept.
+_PACKED: dict[tuple[str, str], dict[str | int, bytes]] = {}
+_PACKED_MAX = 1_024  # per codec: a word for each key, and keys are a process's callers
+
+
 def pack(connection: Any, words: tuple[Any, ...]) -> list[bytes]:
     """``words`` in the protocol, as ``connection.pack_command(*words)`` packs them, in half
     its time: a decision's words are text (encoded with the codec of the connection's own
@@ -53,19 +60,36 @@ def pack(connection: Any, words: tuple[Any, ...]) -> list[bytes]:
     if type(first) is not str or " " in first or type(encoder) is not Encoder:
         return connection.pack_command(*words)  # type: ignore[no-any-return]
     codec, errors = encoder.encoding, encoder.encoding_errors  # what Encoder.encode does to text
+    packed = _PACKED.get((codec, errors))
+    if packed is None:
+        packed = _PACKED[(codec, errors)] = {}
     parts = [b"*%d\r\n" % len(words)]
     for word in words:
         kind = type(word)
         if kind is bytes:
-            data = word
-        elif kind is str:
-            data = word.encode(codec, errors)
+            parts += (b"$%d\r\n" % len(word), word, b"\r\n")
+            continue
+        if kind is str:
+            chunk = packed.get(word)
+            if chunk is None:
+                chunk = _packed_word(packed, word, word.encode(codec, errors))
         elif kind is int:
-            data = b"%d" % word
+            chunk = packed.get(word)
+            if chunk is None:
+                chunk = _packed_word(packed, word, b"%d" % word)
         else:
             return connection.pack_command(*words)  # type: ignore[no-any-return]
-        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+        parts.append(chunk)
     return [b"".join(parts)]
+
+
+def _packed_word(packed: dict[str | int, bytes], word: str | int, data: bytes) -> bytes:
+    """``word`` (encoded: ``data``) packed, and kept (the table bounded: cleared when full)."""
+    chunk = b"$%d\r\n%b\r\n" % (len(data), data)
+    if len(packed) >= _PACKED_MAX:
+        packed.clear()
+    packed[word] = chunk
+    return chunk
 
 
 async def send_packed(connection: Any, command: Iterable[bytes]) -> None:
