@@ -321,7 +321,8 @@ def _finished(mac: hashlib._Hash, outer: hashlib._Hash) -> str:
     """HMAC's outer hash over the inner one (``mac``), cut to the fingerprint's length."""
     keyed = outer.copy()
     keyed.update(mac.digest())
-    return keyed.hexdigest()[:FINGERPRINT_LENGTH]
+    # The digest's first bytes in hex: ``hexdigest()[:16]``, without writing out the rest.
+    return keyed.digest()[: FINGERPRINT_LENGTH // 2].hex()
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]+")
