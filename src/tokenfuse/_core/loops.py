@@ -174,7 +174,7 @@ def normalised(body: Any) -> Any:
 #: ``json.loads``'s scan, without the steps around it (``_loads``): the decoder's scanner
 #: itself, as ``JSONDecoder.raw_decode`` calls it (a Python frame less per body).
 _SCAN: Callable[[str, int], tuple[Any, int]]
-_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined] (set by its __init__)
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set by its __init__
 #: What JSON counts as whitespace (``json.decoder.WHITESPACE``).
 _JSON_SPACE = " \t\n\r"
 
