@@ -243,6 +243,40 @@ def test_an_error_event_in_a_stream_is_a_failure(fuse: Fuse, lib: Any) -> None:
     assert len(requests) == 3 and caught.value.error == "stream_error"
 
 
+@pytest.mark.parametrize("error", [True, False], ids=["an error event", "none"])
+def test_an_error_event_past_the_head_of_an_event_stream_read_already_is_found(
+    fuse: Fuse, error: bool
+) -> None:
+    """A response whose event stream was read before the transport saw it (an inner
+    transport that buffers) is looked at whole: its error event is found however far past
+    the head kept for an error object it comes, and one without is no failure."""
+    from tokenfuse._transport import loop_step
+
+    events = b'data: {"choices":[{"delta":{"content":"fine"}}]}\n\n'
+    body = events * (loop_step._HEAD // len(events) + 10)
+    if error:
+        body += b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
+    headers = {"content-type": "text/event-stream"}
+    requests = []
+
+    def handler(request: Any) -> Any:
+        requests.append(request)
+        return httpx2.Response(200, headers=headers, content=body)  # read already
+
+    url = "https://api.anthropic.com/v1/messages"
+    transport = FuseTransport(httpx2.MockTransport(handler), fuse=fuse)
+    with httpx2.Client(transport=transport) as client:
+        for _ in range(3):
+            client.post(url, json={})
+        if not error:
+            client.post(url, json={})
+            assert len(requests) == 4
+            return
+        with pytest.raises(FailureLoop) as caught:
+            client.post(url, json={})
+    assert len(requests) == 3 and caught.value.error == "stream_error"
+
+
 def test_anthropic_sdk_stream_errors_trip(fuse: Fuse) -> None:
     body = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
 

@@ -171,8 +171,10 @@ def normalised(body: Any) -> Any:
     return kept
 
 
-#: ``json.loads``'s scan, without the steps around it (``_loads``).
-_RAW_DECODE = json.JSONDecoder().raw_decode
+#: ``json.loads``'s scan, without the steps around it (``_loads``): the decoder's scanner
+#: itself, as ``JSONDecoder.raw_decode`` calls it (a Python frame less per body).
+_SCAN: Callable[[str, int], tuple[Any, int]]
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set by its __init__
 #: What JSON counts as whitespace (``json.decoder.WHITESPACE``).
 _JSON_SPACE = " \t\n\r"
 
@@ -188,7 +190,10 @@ def _loads(body: bytes) -> Any:
     if body[:1] != b"{" or body[1:2] == b"\0":
         return json.loads(body)
     text = body.decode("utf-8", "surrogatepass")
-    value, end = _RAW_DECODE(text)  # starts with its value: no whitespace to skip
+    try:
+        value, end = _SCAN(text, 0)  # starts with its value: no whitespace to skip
+    except StopIteration as err:  # no value at 0 (never after a brace): as ``raw_decode``
+        raise json.JSONDecodeError("Expecting value", text, err.value) from None
     if end != len(text) and text[end:].strip(_JSON_SPACE):
         raise ValueError("Extra data")  # more than whitespace after the value, as ``loads``
     return value
@@ -321,7 +326,8 @@ def _finished(mac: hashlib._Hash, outer: hashlib._Hash) -> str:
     """HMAC's outer hash over the inner one (``mac``), cut to the fingerprint's length."""
     keyed = outer.copy()
     keyed.update(mac.digest())
-    return keyed.hexdigest()[:FINGERPRINT_LENGTH]
+    # The digest's first bytes in hex: ``hexdigest()[:16]``, without writing out the rest.
+    return keyed.digest()[: FINGERPRINT_LENGTH // 2].hex()
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]+")

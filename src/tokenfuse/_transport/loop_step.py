@@ -43,7 +43,7 @@ from .._core.tool_history import failing_tail, tool_loop
 from .._events import logger
 from .._fuse import Fuse
 from .._identity import Identity
-from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, LoopNote
+from .._loops import CallName, FailureLoopPolicy, LoopBreaker, LoopCheck, LoopNote, plain
 from .._usage.scan import ERROR, ErrorFind
 from .compat import Endpoint, Flavor, header_entries
 from .recorder import Recorder
@@ -220,6 +220,15 @@ class LoopWatch:
         self.keep(chunk)
         self.find(chunk)
 
+    def see(self, body: bytes) -> None:
+        """Look at a body read before the response came back, whole: its head is kept;
+        its marks are found only in an event stream (the only body ``_outcome`` reads them
+        of), so a JSON call's body costs no search."""
+        self.keep(body)
+        if self.event_stream:
+            self.find(body)
+        self.whole = True
+
     def keep(self, chunk: bytes) -> None:
         """Keep the start of the body: a list of slices, joined once, at the end."""
         if self._kept < _HEAD:
@@ -371,7 +380,10 @@ class LoopStep:
         if check is None or breaker is None:
             return None
         if found is not None:
-            self._gate.check(breaker.concluded(identity, check, found), request)
+            if plain(found):  # most calls: nothing to refuse nor report (the metrics count it)
+                breaker.passed(identity, check, found)
+            else:
+                self._gate.check(breaker.concluded(identity, check, found), request)
         # The call was let through: its watch. An SDK's retry is noted only to count its send
         # (``send``: the check did not), never its outcome; no watch when there is nothing to.
         send = self.count_after
@@ -397,8 +409,7 @@ class LoopStep:
         watch.answered(response)
         body = getattr(response, "_content", None)  # as meter._body_if_read
         if body is not None:
-            watch.feed(body)
-            watch.whole = True
+            watch.see(body)
             return
         feed = watch.feeder(watch.event_stream)
         share = watch.share if watch.event_stream else None  # see LoopWatch.share
@@ -416,8 +427,7 @@ class LoopStep:
         watch.answered(response)
         body = getattr(response, "_content", None)
         if body is not None:
-            watch.feed(body)
-            watch.whole = True
+            watch.see(body)
             return
         feed = watch.feeder(watch.event_stream)
         share = watch.share if watch.event_stream else None
